@@ -1,0 +1,453 @@
+"""The only module that touches ctypes: owned llama.cpp handles and the bindings we add.
+
+llama-cpp-python binds llama.cpp's C API; its extended API (`src/llama-ext.h`: per-layer
+input extraction, target layer ids of a draft) is C++ and exported under mangled names,
+and llama-cpp-python binds only some of it. We bind the rest here, once, and fail with a
+message that names the installed llama-cpp-python when a symbol is missing.
+
+Every C resource has an owner (`Model`, `Context`, `Batch`) whose `close()` frees it exactly
+once; they are context managers too. Return codes become `LlamaError`s. llama.cpp's own log is
+silenced unless `set_verbose(True)` is called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from functools import cached_property
+
+import numpy as np
+
+from .errors import LlamaError, UserError
+
+try:
+    import llama_cpp as _llama_cpp_pkg
+    from llama_cpp import llama_cpp as C
+except Exception as exc:  # pragma: no cover - an install problem, reported as such
+    raise ImportError(f"specgguf needs llama-cpp-python==0.3.36 ({exc})") from exc
+
+LLAMA_CPP_PYTHON_VERSION = getattr(_llama_cpp_pkg, "__version__", "unknown")
+_lib = C._lib
+
+# --------------------------------------------------------------------------------------
+# Logging: llama.cpp prints to stderr through a callback; we keep it quiet by default.
+# --------------------------------------------------------------------------------------
+_verbose = False
+
+
+@C.llama_log_callback
+def _log_callback(level, text, user_data):  # pragma: no cover - exercised with --verbose
+    if _verbose and text:
+        sys.stderr.write(text.decode("utf-8", "replace"))
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show (True) or hide (False, the default) llama.cpp's own log on stderr."""
+    global _verbose
+    _verbose = bool(verbose)
+
+
+C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+C.llama_backend_init()
+
+# --------------------------------------------------------------------------------------
+# llama-ext bindings (C++ names: plain first, then Itanium and MSVC manglings)
+# --------------------------------------------------------------------------------------
+
+
+class _Ext:
+    """Lazily bound llama-ext functions; a missing symbol is a clear error, not a crash."""
+
+    _TABLE = {
+        "set_embeddings_layer_inp": (
+            ["llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+             "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z"],
+            [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None),
+        "get_embeddings_layer_inp": (
+            ["llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+             "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"],
+            [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+        "model_target_layer_ids": (
+            ["llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
+             "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"],
+            [ctypes.c_void_p], ctypes.POINTER(ctypes.c_int32)),
+        "model_target_layer_ids_n": (
+            ["llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
+             "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"],
+            [ctypes.c_void_p], ctypes.c_uint32),
+        "set_embeddings_nextn": (
+            ["llama_set_embeddings_nextn", "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+             "?llama_set_embeddings_nextn@@YAXPEAUllama_context@@_N1@Z"],
+            [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+        "get_embeddings_nextn": (
+            ["llama_get_embeddings_nextn", "_Z26llama_get_embeddings_nextnP13llama_context",
+             "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z"],
+            [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)),
+        "get_embeddings_nextn_ith": (
+            ["llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+             "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z"],
+            [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
+        "get_ctx_other": (
+            ["llama_get_ctx_other", "_Z19llama_get_ctx_otherP13llama_context",
+             "?llama_get_ctx_other@@YAPEAUllama_context@@PEAU1@@Z"],
+            [ctypes.c_void_p], ctypes.c_void_p),
+    }
+
+    def __getattr__(self, name):
+        if name not in self._TABLE:
+            raise AttributeError(name)
+        names, argtypes, restype = self._TABLE[name]
+        for sym in names:
+            fn = getattr(_lib, sym, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = argtypes, restype
+                setattr(self, name, fn)
+                return fn
+        raise LlamaError(
+            f"the installed llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} does not export "
+            f"{names[0]}; specgguf needs llama-cpp-python==0.3.36 "
+            "(pip install --force-reinstall llama-cpp-python==0.3.36)")
+
+
+ext = _Ext()
+
+# --------------------------------------------------------------------------------------
+# Owned handles
+# --------------------------------------------------------------------------------------
+
+
+class _Owned:
+    """Base for objects that own one C pointer and free it exactly once."""
+
+    _ptr = None
+
+    def _free(self, ptr):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise LlamaError(f"{type(self).__name__} is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            self._free(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Model(_Owned):
+    """A loaded GGUF model (weights and vocabulary)."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False):
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.vocab_only = bool(vocab_only)
+        self.path = os.fspath(path)
+        ptr = C.llama_model_load_from_file(self.path.encode(), params)
+        if not ptr:
+            raise UserError(f"llama.cpp could not load {self.path}; run with --verbose to see why "
+                            "(a GGUF from a newer llama.cpp, or a damaged file)")
+        self._ptr = ptr
+        self.vocab = C.llama_model_get_vocab(ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = C.llama_model_n_embd(ptr)
+        self.n_layer = C.llama_model_n_layer(ptr)
+        self.bos = C.llama_vocab_bos(self.vocab)
+        self.eos = C.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog_cache: dict[int, bool] = {}
+
+    def _free(self, ptr):
+        C.llama_model_free(ptr)
+
+    def meta(self, key: str) -> str | None:
+        """A scalar metadata value as text (arrays are not readable this way)."""
+        buf = ctypes.create_string_buffer(1024)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def chat_template(self) -> str | None:
+        tmpl = C.llama_model_chat_template(self.ptr, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    @cached_property
+    def target_layer_ids(self) -> list[int]:
+        """Target layers an eagle3/dflash draft reads ([] for ordinary models)."""
+        n = ext.model_target_layer_ids_n(self.ptr)
+        ids = ext.model_target_layer_ids(self.ptr)
+        return [ids[i] for i in range(n)] if n and ids else []
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise LlamaError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        buf = self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        hit = self._eog_cache.get(token)
+        if hit is None:
+            hit = self._eog_cache[token] = bool(C.llama_vocab_is_eog(self.vocab, token))
+        return hit
+
+    def token_text(self, token: int) -> str:
+        return C.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+
+
+class Context(_Owned):
+    """An inference context (KV cache, compute buffers) on a `Model`, sequence 0 only."""
+
+    def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_ubatch: int | None = None,
+                 n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
+                 embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None):
+        params = C.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = int(n_batch)
+        params.n_ubatch = int(n_ubatch or n_batch)
+        params.n_seq_max = 1
+        params.n_outputs_max = int(n_outputs_max)  # 0 = n_batch: always safe (pitfall 3)
+        threads = int(n_threads or default_threads())
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        params.swa_full = bool(swa_full)
+        params.embeddings = bool(embeddings)
+        if flash_attn is not None:
+            params.flash_attn_type = int(flash_attn)
+        if ctx_other is not None:
+            params.ctx_other = ctx_other.ptr
+        ptr = C.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise LlamaError(f"llama.cpp could not create a context for {model.path} "
+                             f"(n_ctx={n_ctx}); try a smaller --ctx, or --verbose to see why")
+        self._ptr = ptr
+        self.model = model
+        self.mem = C.llama_get_memory(ptr)
+        self.n_ctx = C.llama_n_ctx(ptr)
+        self.n_batch = C.llama_n_batch(ptr)
+        self.n_ubatch = C.llama_n_ubatch(ptr)
+        self.n_vocab = model.n_vocab
+        self._layer_inp: set[int] = set()
+
+    def _free(self, ptr):
+        C.llama_free(ptr)
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        C.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
+
+    # -- evaluation ------------------------------------------------------------------------
+    def decode(self, batch: "Batch") -> None:
+        self._process(C.LLAMA_PROCESS_TYPE_DECODE, batch)
+
+    def encode(self, batch: "Batch") -> None:
+        self._process(C.LLAMA_PROCESS_TYPE_ENCODE, batch)
+
+    def _process(self, kind: int, batch: "Batch") -> None:
+        rc = C.llama_process(self.ptr, kind, batch.ptr)
+        if rc != 0:
+            raise LlamaError(_PROCESS_ERRORS.get(rc, f"llama_process failed with code {rc}"))
+
+    def logits(self, i: int) -> np.ndarray:
+        """A view of the logits of output entry `i` (valid until the next decode)."""
+        ptr = C.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise LlamaError(f"no logits for batch entry {i} (was its output flag set?)")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def argmax(self, i: int) -> int:
+        return int(self.logits(i).argmax())
+
+    def synchronize(self) -> None:
+        C.llama_synchronize(self.ptr)
+
+    # -- KV cache -------------------------------------------------------------------------
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        """Remove cells of sequence 0 at positions [p0, p1) (p1 < 0: to the end)."""
+        if not C.llama_memory_seq_rm(self.mem, 0, p0, p1):
+            raise LlamaError(f"could not remove KV cells from position {p0}")
+
+    def pos_max(self) -> int:
+        return C.llama_memory_seq_pos_max(self.mem, 0)
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.mem, True)
+
+    # -- hidden-state handover (eagle3 / dflash / dspark) ------------------------------------
+    def set_layer_input(self, layer: int, enabled: bool = True) -> None:
+        """Ask llama.cpp to keep the input of target layer `layer` (before the first decode)."""
+        ext.set_embeddings_layer_inp(self.ptr, layer, enabled)
+        (self._layer_inp.add if enabled else self._layer_inp.discard)(layer)
+
+    def layer_input(self, layer: int, n_rows: int) -> np.ndarray:
+        """The last decode's inputs of `layer`, one row per batch entry (a copy)."""
+        if layer not in self._layer_inp:
+            raise LlamaError(f"layer {layer} input was not enabled")  # else llama.cpp aborts
+        ptr = ext.get_embeddings_layer_inp(self.ptr, layer)
+        if not ptr:
+            raise LlamaError(f"no layer input for layer {layer}")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd)).copy()
+
+    def set_causal(self, causal: bool) -> None:
+        C.llama_set_causal_attn(self.ptr, causal)
+
+    def set_embeddings_nextn(self, value: bool, masked: bool = False) -> None:
+        ext.set_embeddings_nextn(self.ptr, value, masked)
+
+    def embeddings_nextn_ith(self, i: int, width: int) -> np.ndarray:
+        ptr = ext.get_embeddings_nextn_ith(self.ptr, i)
+        if not ptr:
+            raise LlamaError(f"no nextn embedding for batch entry {i}")
+        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+
+    def embeddings_nextn(self, n_rows: int, width: int) -> np.ndarray:
+        ptr = ext.get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise LlamaError("no nextn embeddings")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, width)).copy()
+
+    def ctx_other(self):
+        return ext.get_ctx_other(self.ptr)
+
+
+_PROCESS_ERRORS = {
+    1: "no KV cache slot for the batch: the context is full (use a larger --ctx)",
+    2: "the computation was aborted",
+    -1: "llama.cpp rejected the batch (invalid input: positions or sizes)",
+    -2: "llama.cpp could not allocate memory for the batch",
+    -3: "llama.cpp failed to compute the batch",
+}
+
+
+class Batch(_Owned):
+    """A `llama_batch_ext` bound to one context (its capacity is that context's n_batch)."""
+
+    def __init__(self, ctx: Context):
+        ptr = C.llama_batch_ext_init(ctx.ptr)
+        if not ptr:
+            raise LlamaError("llama_batch_ext_init failed")
+        self._ptr = ptr
+        self.capacity = ctx.n_batch
+        self.n_tokens = 0
+        self._pos = (C.llama_pos * 4)()
+
+    def _free(self, ptr):
+        C.llama_batch_ext_free(ptr)
+
+    def clear(self) -> "Batch":
+        C.llama_batch_ext_clear(self.ptr)
+        self.n_tokens = 0
+        return self
+
+    def add_token(self, token: int, pos: int, output: bool = False) -> int:
+        ptr = self.ptr
+        i = C.llama_batch_ext_add_token(ptr, 0, token)
+        if i < 0:
+            raise LlamaError(_ADD_ERRORS.get(i, f"could not add token {token} ({i})").format(token=token))
+        self._pos[0] = pos
+        C.llama_batch_ext_set_pos(ptr, i, self._pos)
+        if output:
+            C.llama_batch_ext_set_output_logits(ptr, i, True)
+        self.n_tokens += 1
+        return i
+
+    def add_tokens(self, tokens, pos0: int, outputs: str = "none") -> None:
+        """Add tokens at consecutive positions; outputs: 'none', 'last' or 'all'."""
+        last = len(tokens) - 1
+        for j, tok in enumerate(tokens):
+            self.add_token(tok, pos0 + j, outputs == "all" or (outputs == "last" and j == last))
+
+    def add_embedding(self, row: np.ndarray, pos: int, output: bool = False, token: int | None = None) -> int:
+        """Add an entry carrying an embedding row (and optionally a token id as well)."""
+        row = np.ascontiguousarray(row, dtype=np.float32)
+        embd = C.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.size)
+        if token is None:
+            i = C.llama_batch_ext_add_embd(self.ptr, 0, embd)
+        else:
+            i = C.llama_batch_ext_add_token(self.ptr, 0, token)
+            if i >= 0 and not C.llama_batch_ext_set_embd_token(self.ptr, i, embd):
+                raise LlamaError(f"embedding of width {row.size} rejected by the batch")
+        if i < 0:
+            raise LlamaError(_ADD_ERRORS.get(i, f"could not add embedding ({i})").format(token=token))
+        self._pos[:] = [pos] * 4
+        C.llama_batch_ext_set_pos(self.ptr, i, self._pos)
+        if output:
+            C.llama_batch_ext_set_output_logits(self.ptr, i, True)
+        self.n_tokens += 1
+        return i
+
+
+_ADD_ERRORS = {
+    -1: "the batch is full",
+    -2: "token {token} is not in this model's vocabulary",
+    -3: "invalid sequence id",
+}
+
+
+def default_threads() -> int:
+    """Threads for decoding: the CPUs this process may use (llama.cpp's C++ default is the
+    number of physical cores; on the 2-core machines we test on these agree)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
+
+
+# --------------------------------------------------------------------------------------
+# Quantisation (used for the benchmark's real plain draft and for K-quant conversions)
+# --------------------------------------------------------------------------------------
+
+FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10,
+          "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15, "q5_k_s": 16,
+          "q5_k_m": 17, "q6_k": 18, "iq2_xxs": 19, "iq3_xxs": 23, "iq1_s": 24, "iq4_nl": 25,
+          "bf16": 32}
+
+
+def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str,
+             allow_requantize: bool = False, n_threads: int = 0) -> None:
+    """llama_model_quantize: write `src` re-encoded as `ftype` (e.g. 'q4_k_m') to `dst`."""
+    if ftype not in FTYPES:
+        raise UserError(f"unknown quantisation type {ftype!r}; use one of {', '.join(FTYPES)}")
+    params = C.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.allow_requantize = bool(allow_requantize)
+    params.nthread = int(n_threads)
+    rc = C.llama_model_quantize(os.fspath(src).encode(), os.fspath(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise LlamaError(f"llama_model_quantize failed for {src} -> {ftype} (code {rc}); "
+                         "run with --verbose to see why")
