@@ -1,0 +1,81 @@
+"""`model`: a small stand-alone GGUF that shares the target's tokenizer (llama.cpp draft-simple).
+
+The draft context mirrors the target: every target batch is decoded into it as well
+(`process`), so before a round it holds exactly the committed tokens. Drafting decodes
+id_last and then each greedy draft token; the caller rolls those cells back right away and
+`process` re-evaluates the verified batch (runtime-protocol.md §2.1, §1.2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native
+from ..compat import check_shared_vocab
+from ..ggufinfo import read_gguf
+
+
+class ModelDrafter:
+    kind = "model"
+
+    def __init__(self, path, target, n_gpu_layers: int = 0, n_threads: int | None = None,
+                 p_min: float = 0.0, n_min: int = 0):
+        self.info = read_gguf(path, "draft")
+        check_shared_vocab(target.info, self.info)  # before llama.cpp touches the pair
+        self.p_min, self.n_min = float(p_min), int(n_min)
+        self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)
+        try:
+            self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
+                                      n_threads=n_threads, ctx_other=target.ctx)
+            self.batch = native.Batch(self.ctx)
+        except BaseException:
+            self.close()
+            raise
+
+    def describe(self) -> str:
+        return f"model draft {self.info.path.name} ({self.info.arch}, {self.info.file_type})"
+
+    def begin(self, history) -> None:
+        pass
+
+    def process(self, tokens, pos0: int) -> None:
+        # Only the KV cache matters here: no outputs, so no lm_head pass over the vocabulary.
+        b = self.batch.clear()
+        b.add_tokens(tokens, pos0, "none")
+        self.ctx.decode(b)
+
+    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+        ctx, b = self.ctx, self.batch
+        b.clear().add_token(id_last, pos0, True)
+        ctx.decode(b)
+        out: list[int] = []
+        while True:
+            logits = ctx.logits(0)
+            tok = int(logits.argmax())
+            if self.p_min > 0 and _top10_prob(logits, tok) < self.p_min:
+                break
+            out.append(tok)
+            if len(out) >= n_max:
+                break
+            b.clear().add_token(tok, pos0 + len(out), True)
+            ctx.decode(b)
+        return out if len(out) >= self.n_min else []
+
+    def rollback(self, pos: int) -> None:
+        self.ctx.seq_rm(pos)
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        for name in ("batch", "ctx", "model"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+
+
+def _top10_prob(logits: np.ndarray, tok: int) -> float:
+    """llama.cpp's draft confidence: softmax over the 10 best logits (not the whole vocab)."""
+    top = np.partition(logits, -10)[-10:]
+    top = np.exp(top - top.max())
+    return float(np.exp(logits[tok] - logits.max()) / top.sum())

@@ -1,0 +1,146 @@
+"""The speculative loop: prefill, draft, verify in one target batch, accept, roll back.
+
+It follows llama.cpp's `llama-speculative-simple` (runtime-protocol.md §1.2-1.4) so that
+rounds, drafts and accepted counts can be compared with the C++ loop one to one:
+the prompt minus its last token is prefilled without outputs, and every round verifies
+[id_last, d1..dn] with the target. With no drafter the very same loop runs with n = 0,
+which is plain decoding: the fair baseline.
+
+Greedy verification: the target's arg-max at each position; a draft token is accepted
+while it equals it (an end-of-generation token ends acceptance, `sampling.cpp:687-699`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from .errors import UserError
+from .stats import GenerationStats
+
+
+class Engine:
+    """A target plus an optional drafter; `generate()` yields the target's greedy tokens."""
+
+    def __init__(self, target, drafter=None, draft_max: int = 8):
+        if draft_max < 1:
+            raise UserError(f"--draft-max must be at least 1 (got {draft_max})")
+        self.target, self.drafter, self.draft_max = target, drafter, int(draft_max)
+
+    def generate(self, prompt_tokens: list[int], max_tokens: int = 256) -> "Generation":
+        n_ctx = self.target.n_ctx
+        if not prompt_tokens:
+            raise UserError("the prompt is empty: give some text with --prompt")
+        if len(prompt_tokens) + 1 > n_ctx:
+            raise UserError(f"the prompt has {len(prompt_tokens)} tokens but the context holds {n_ctx}: "
+                            "shorten the prompt or raise --ctx")
+        if max_tokens < 0:
+            raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
+        return Generation(self, list(prompt_tokens), int(max_tokens))
+
+
+class Generation:
+    """One generation: iterate it for tokens; `stats` and `finish_reason` fill in as it runs.
+
+    finish_reason: "stop" (end-of-generation token, or a stop string found by the caller),
+    "length" (max_tokens reached), "context" (the context window is full).
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], max_tokens: int):
+        self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.finish_reason: str | None = None
+        self.tokens: list[int] = []
+        self._it = self._run()
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._it)
+
+    def close(self, reason: str = "stop") -> None:
+        """Stop early (for example at a stop string); the caches are left consistent."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self._it.close()
+
+    def _prefill(self) -> None:
+        target, drafter, prompt = self.engine.target, self.engine.drafter, self.prompt
+        ctx, batch = target.ctx, target.batch
+        ctx.clear()
+        if drafter is not None and hasattr(drafter, "reset"):
+            drafter.reset()
+        t0 = time.perf_counter()
+        body = prompt[:-1]
+        for start in range(0, len(body), ctx.n_batch):
+            chunk = body[start:start + ctx.n_batch]
+            batch.clear().add_tokens(chunk, start, "none")
+            ctx.decode(batch)
+            if drafter is not None:
+                drafter.process(chunk, start)
+        if drafter is not None:
+            drafter.begin(body)
+        self.stats.prefill_s = time.perf_counter() - t0
+
+    def _run(self) -> Iterator[int]:
+        engine, stats = self.engine, self.stats
+        target, drafter = engine.target, engine.drafter
+        ctx, batch, model = target.ctx, target.batch, target.model
+        clock = time.perf_counter
+        self._prefill()
+        history = self.prompt[:-1]  # tokens in the target's KV cache
+        id_last, pos0 = self.prompt[-1], len(self.prompt) - 1
+        t_start = clock()
+        try:
+            while True:
+                left = self.max_tokens - stats.generated_tokens
+                if left <= 0:
+                    self.finish_reason = "length"
+                    return
+                if pos0 >= ctx.n_ctx:
+                    self.finish_reason = "context"
+                    return
+                # draft: as llama-speculative-simple, cap by the context and the token budget
+                t0 = clock()
+                n_max = min(engine.draft_max, ctx.n_ctx - pos0 - 2, left - 1)
+                draft = drafter.draft(history, id_last, pos0, n_max)[:n_max] if drafter and n_max > 0 else []
+                if drafter is not None:
+                    drafter.rollback(pos0)
+                t1 = clock()
+                # verify [id_last, d1..dn] in one target pass, every position with logits
+                verify = [id_last, *draft]
+                batch.clear().add_tokens(verify, pos0, "all")
+                ctx.decode(batch)
+                ids = []
+                for i in range(len(verify)):
+                    tok = ctx.argmax(i)
+                    ids.append(tok)
+                    if i == len(draft) or tok != draft[i] or model.is_eog(tok):
+                        break
+                t2 = clock()
+                if drafter is not None:
+                    drafter.process(verify, pos0)
+                k = len(ids) - 1
+                if drafter is not None:
+                    drafter.accept(k)
+                    drafter.rollback(pos0 + k + 1)
+                ctx.seq_rm(pos0 + k + 1)
+                t3 = clock()
+                stats.draft_s += (t1 - t0) + (t3 - t2)
+                stats.verify_s += t2 - t1
+                stats.record_round(len(draft), k)
+                history.extend(verify[:k + 1])
+                id_last, pos0 = ids[-1], pos0 + k + 1
+                for tok in ids:
+                    if model.is_eog(tok):
+                        self.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    self.tokens.append(tok)
+                    stats.decode_s = clock() - t_start
+                    yield tok
+        finally:
+            stats.decode_s = clock() - t_start
+            if self.finish_reason is None:
+                self.finish_reason = "stop"

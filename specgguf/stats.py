@@ -1,0 +1,76 @@
+"""Per-generation statistics with a stable JSON schema (scripts and later issues rely on it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0  # target verify passes (plain decoding: one per token)
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # drafting plus the draft's catch-up on verified tokens
+    verify_s: float = 0.0  # target decodes of [id_last, drafts...] plus acceptance
+    decode_s: float = 0.0  # wall time of the generation loop (after prefill)
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position_n: list[int] = field(default_factory=list)
+
+    def record_round(self, n_drafted: int, n_accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        grow = n_drafted - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position += [0] * grow
+            self.accepted_by_position_n += [0] * grow
+        for i in range(n_drafted):
+            self.drafted_by_position[i] += 1
+        for i in range(n_accepted):
+            self.accepted_by_position_n[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target pass: accepted drafts plus the target's own token."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def accepted_by_position(self) -> list[float]:
+        return [round(a / d, 4) if d else 0.0
+                for a, d in zip(self.accepted_by_position_n, self.drafted_by_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tau": round(self.tau, 4),
+            "accepted_by_position": self.accepted_by_position,
+            "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+        }
+
+    def summary(self) -> str:
+        line = (f"{self.generated_tokens} tokens in {self.decode_s:.2f} s ({self.tokens_per_second:.1f} tok/s), "
+                f"{self.rounds} target passes")
+        if self.drafted:
+            line += (f", {self.accepted}/{self.drafted} drafts accepted ({100 * self.acceptance_rate:.0f}%), "
+                     f"tau {self.tau:.2f}")
+        return line + f"; prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s"

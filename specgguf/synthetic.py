@@ -1,0 +1,177 @@
+"""Tiny deterministic GGUF models for tests and demos: arch `qwen3`, random weights.
+
+No small qwen3/llama model can be installed here, and hidden-state drafts (eagle3, dflash,
+dspark) need a target whose graph exposes layer inputs, so tests build their own: a few
+layers, random weights from a seed, and a real byte-level BPE tokenizer trained on a short
+built-in text (llama.cpp requires tokens, types and merges). Same seed, same bytes.
+
+    path = write_qwen3(tmp / "t.gguf", QwenShape(), seed=0)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A speculative decoder drafts a few tokens "
+    "and the target model verifies them in one batch. def add(a, b):\n    return a + b\n"
+    "for i in range(10):\n    print(i, i * i)\nThe cache holds keys and values; the draft "
+    "proposes, the target disposes. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.\n"
+    "import numpy as np\nx = np.zeros((4, 4))\nHello, world! How are you today? I am fine.\n"
+)
+
+
+@dataclass(frozen=True)
+class QwenShape:
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_merges: int = 250  # vocabulary = 256 bytes + merges + specials
+    n_ctx_train: int = 4096
+    tied: bool = False
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-ins for the 256 byte values (byte-level BPE)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def train_bpe(n_merges: int) -> tuple[list[str], list[str]]:
+    """(tokens, merges) of a byte-level BPE learned greedily on the built-in corpus."""
+    b2u = _bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    words = Counter()
+    for word in _CORPUS.replace("\n", " \n ").split(" "):
+        if word:
+            words[tuple(b2u[b] for b in (" " + word).encode())] += 1
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+        new = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new[tuple(out)] += c
+        words = new
+    return tokens, merges
+
+
+def add_tokenizer(writer, n_merges: int) -> int:
+    """Write the tokenizer keys; returns the vocabulary size."""
+    tokens, merges = train_bpe(n_merges)
+    types = [1] * len(tokens) + [3] * len(SPECIALS)  # 1 normal, 3 control
+    tokens = tokens + SPECIALS
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_mask_token_id(tokens.index("<|mask|>"))
+    return len(tokens)
+
+
+def qwen3_weights(shape: QwenShape, n_vocab: int, seed: int) -> dict[str, np.ndarray]:
+    """Random weights with GGUF names; numpy shapes are (ne1, ne0) as gguf expects."""
+    rng = np.random.default_rng(seed)
+    H, hd, I = shape.n_embd, shape.head_dim, shape.n_ff
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = {"token_embd.weight": mat(n_vocab, H, 1.0), "output_norm.weight": norm(H)}
+    if not shape.tied:
+        w["output.weight"] = mat(n_vocab, H)
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = norm(H)
+        w[p + "attn_q.weight"] = mat(shape.n_head * hd, H)
+        w[p + "attn_k.weight"] = mat(shape.n_head_kv * hd, H)
+        w[p + "attn_v.weight"] = mat(shape.n_head_kv * hd, H)
+        w[p + "attn_output.weight"] = mat(H, shape.n_head * hd)
+        w[p + "attn_q_norm.weight"] = norm(hd)
+        w[p + "attn_k_norm.weight"] = norm(hd)
+        w[p + "ffn_norm.weight"] = norm(H)
+        w[p + "ffn_gate.weight"] = mat(I, H)
+        w[p + "ffn_up.weight"] = mat(I, H)
+        w[p + "ffn_down.weight"] = mat(H, I)
+    return w
+
+
+def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: float = 0.0,
+                perturb_seed: int = 1, name: str = "synthetic-qwen3") -> Path:
+    """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft)."""
+    import gguf
+
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    writer = gguf.GGUFWriter(str(tmp), "qwen3")
+    writer.add_name(name)
+    writer.add_context_length(shape.n_ctx_train)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_file_type(0)
+    n_vocab = add_tokenizer(writer, shape.n_merges)
+    weights = qwen3_weights(shape, n_vocab, seed)
+    if perturb > 0:
+        rng = np.random.default_rng(perturb_seed)
+        for k, v in weights.items():
+            if v.ndim == 2:
+                weights[k] = (v + perturb * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
+    for k, v in weights.items():
+        writer.add_tensor(k, v)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def bigger(shape: QwenShape = QwenShape(), **changes) -> QwenShape:
+    return replace(shape, **changes)
