@@ -1,0 +1,150 @@
+"""Where a checkpoint is, what its config says, and which kind of draft it is.
+
+A checkpoint is given as a local directory or as a Hugging Face repo id. Repo ids go
+through `huggingface_hub` so that its cache (~/.cache/huggingface) and progress bars are
+the ones users already know; without network, a cached copy is used, and a missing one
+becomes a one-line error that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgguf.errors import UserError
+
+# DeepSpec model classes (draft-formats.md §2.3-2.4) and the llama.cpp arch they become.
+DEEPSPEC_DSPARK = {"Qwen3DSparkModel": "qwen3", "Gemma4DSparkModel": "gemma4"}
+DEEPSPEC_EAGLE3 = {"Qwen3Eagle3Model": "qwen3", "Gemma4Eagle3Model": "gemma4"}
+# Standard EAGLE-3 exports that llama.cpp's own converter recognises (conversion/llama.py:17-30).
+EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator",
+                "Eagle3DraftModel"}
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Only what a conversion reads: configs and safetensors weights (never optimizer state).
+_ALLOW = ["*.json", "*.safetensors"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a checkpoint is: its family, llama.cpp arch and backbone."""
+
+    family: str  # "deepspec-dspark", "deepspec-eagle3" or "eagle3"
+    backbone: str  # "qwen3", "gemma4" or "llama"
+    name: str  # shown to users: "dflash", "dspark", "eagle3", "deepspec-eagle3"
+
+
+def locate(spec: str, *, offline: bool = False) -> Path:
+    """A local checkpoint directory for `spec`: a path, or an HF repo id (downloaded)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"checkpoint must be a directory with config.json and *.safetensors, "
+                            f"not a file: {path}")
+        return path
+    if not _REPO_ID.match(spec) or spec.startswith((".", "/", "~")):
+        raise UserError(f"checkpoint not found: {spec} (give a directory or a Hugging Face repo id "
+                        "such as deepseek-ai/dspark_qwen3_8b_block7)")
+    return _download(spec, offline=offline)
+
+
+def _download(repo_id: str, *, offline: bool) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
+                                            RepositoryNotFoundError)
+    except ImportError:  # pragma: no cover - a dependency of specgguf
+        raise UserError("huggingface_hub is not installed: pip install huggingface_hub, "
+                        "or pass a local checkpoint directory") from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_ALLOW, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        raise UserError(f"cannot download {repo_id}: no network and no cached copy; connect, or "
+                        "download it elsewhere (huggingface-cli download) and pass the directory") from None
+    except GatedRepoError:
+        raise UserError(f"{repo_id} is gated: accept its license on huggingface.co and log in "
+                        "with `huggingface-cli login`") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"no Hugging Face repo {repo_id} (or it is private): check the id, "
+                        "see `specgguf models`") from None
+    except OSError as exc:  # connection errors, disk full, ...
+        raise UserError(f"cannot download {repo_id}: {str(exc).splitlines()[0][:160]}") from None
+
+
+def load_config(directory: Path) -> dict:
+    """The checkpoint's config.json, as a dict."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise UserError(f"no config.json in {directory}: not a Hugging Face checkpoint directory "
+                        "(it must hold config.json and model*.safetensors)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"config.json in {directory} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"config.json in {directory} is not a JSON object")
+    return config
+
+
+def detect_kind(config: dict) -> Kind:
+    """Classify a draft checkpoint from `architectures` and, failing that, its DeepSpec keys."""
+    archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    arch = archs[0] if archs else None
+    if arch in DEEPSPEC_DSPARK:
+        return _dspark_kind(config, DEEPSPEC_DSPARK[arch])
+    if arch in DEEPSPEC_EAGLE3:
+        return Kind("deepspec-eagle3", DEEPSPEC_EAGLE3[arch], "deepspec-eagle3")
+    if arch in EAGLE3_ARCHS or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
+        return Kind("eagle3", "llama", "eagle3")
+    # No known class name: DeepSpec keys still identify the family (a renamed export).
+    if "target_layer_ids" in config and "block_size" in config and "mask_token_id" in config:
+        backbone = "gemma4" if str(config.get("model_type", "")).startswith("gemma4") else "qwen3"
+        return _dspark_kind(config, backbone)
+    if "target_layer_ids" in config and "ttt_length" in config:
+        backbone = "gemma4" if str(config.get("model_type", "")).startswith("gemma4") else "qwen3"
+        return Kind("deepspec-eagle3", backbone, "deepspec-eagle3")
+    shown = arch if arch else "none"
+    raise UserError(f"unknown checkpoint architecture {shown!r}: specgguf converts DeepSpec DFlash/"
+                    "DSpark (Qwen3DSparkModel, Gemma4DSparkModel) and standard EAGLE-3 drafts")
+
+
+def _dspark_kind(config: dict, backbone: str) -> Kind:
+    rank = config.get("markov_rank") or 0
+    return Kind("deepspec-dspark", backbone, "dspark" if rank else "dflash")
+
+
+def get_int(config: dict, key: str, *alts: str, default=None) -> int:
+    """An integer hyper-parameter; a missing or non-integer one is a UserError."""
+    for k in (key, *alts):
+        if k in config and config[k] is not None:
+            value = config[k]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                raise UserError(f"config.json: {k} must be an integer, got {value!r}")
+            return int(value)
+    if default is not None:
+        return default
+    raise UserError(f"config.json lacks {key}: the checkpoint config is incomplete")
+
+
+def get_float(config: dict, key: str, default=None) -> float:
+    value = config.get(key, default)
+    if value is None:
+        raise UserError(f"config.json lacks {key}: the checkpoint config is incomplete")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"config.json: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def rope_parameters(config: dict, layer_type: str = "full_attention") -> dict:
+    """RoPE settings in transformers-5 (`rope_parameters`) or older (`rope_theta`) form."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
+        params = params[layer_type]  # Gemma-style per-layer-type table
+    params = dict(params) if isinstance(params, dict) else {}
+    if "rope_theta" not in params and "rope_theta" in config:
+        params["rope_theta"] = config["rope_theta"]
+    return params

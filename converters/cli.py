@@ -1,0 +1,100 @@
+"""click commands `convert` and `models`; the `specgguf` group adds them.
+
+Bad input is raised as `UserError`; the group prints it as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import registry
+from .writer import OUT_TYPES
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+@click.command("convert")
+@click.argument("checkpoint")
+@click.option("--target", "target", required=True, type=click.Path(dir_okay=False),
+              help="The target model's GGUF: its tokenizer is copied and the draft is checked against it.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
+              help="Output file (default: <checkpoint>-<type>.gguf in the current directory).")
+@click.option("--type", "out_type", type=click.Choice(OUT_TYPES, case_sensitive=False), default="f16",
+              show_default=True, help="Weight type of the draft; 1-D tensors always stay F32.")
+@click.option("--head", type=click.Choice(["shared", "own"]), default="shared", show_default=True,
+              help="shared: borrow the target's embeddings and output head at run time (smaller file); "
+                   "own: write both into the draft.")
+@click.option("--offline", is_flag=True, help="Use only the Hugging Face cache, never the network.")
+def convert_command(checkpoint, target, output, out_type, head, offline):
+    """Convert a draft CHECKPOINT (directory or HF repo id) to a GGUF draft for TARGET.
+
+    Handles DeepSpec DFlash and DSpark checkpoints (Qwen3, Gemma 4) and standard EAGLE-3
+    exports. Example:
+
+        specgguf convert deepseek-ai/dspark_qwen3_8b_block7 --target Qwen3-8B-Q4_K_M.gguf
+    """
+    from .convert import convert
+
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = click.progressbar(length=max(total, 1), label="writing", file=click.get_text_stream("stderr"))
+            bar.__enter__()
+        bar.update(done - bar.pos)
+
+    def warn(text: str) -> None:
+        click.echo(f"warning: {text}", err=True)
+
+    try:
+        result = convert(checkpoint, target, output, out_type.lower(), head, progress=progress,
+                         warn=warn, offline=offline)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    s = result.summary
+    extra = []
+    if s.get("markov_rank"):
+        extra.append(f"Markov head rank {s['markov_rank']}")
+    if s.get("confidence_head"):
+        extra.append("confidence head")
+    if s.get("draft_vocab"):
+        extra.append(f"draft vocabulary {s['draft_vocab']}")
+    types = ", ".join(f"{k} {v}" for k, v in sorted(result.types.items()))
+    click.echo(f"wrote {result.path}")
+    click.echo(f"  kind           {result.kind} ({result.backbone})" + (f", {', '.join(extra)}" if extra else ""))
+    layers = f"{result.target_layers}"
+    if s.get("deepspec_layers") is not None:
+        layers += f" (DeepSpec ids {s['deepspec_layers']} + 1)"
+    click.echo(f"  target layers  {layers}")
+    if result.block_size:
+        click.echo(f"  block size     {result.block_size} (drafts up to {result.block_size} tokens per step)")
+    click.echo(f"  tensors        {result.tensors} ({types})")
+    head_note = "own token_embd + output" if result.head == "own" else "shared with the target at run time"
+    click.echo(f"  head           {head_note}")
+    click.echo(f"  size on disk   {_size(result.size_bytes)}")
+    if result.cost_ratio is not None:
+        click.echo(f"  draft cost     ~{result.cost_ratio:.1%} of a target step (weights read per step)")
+
+
+@click.command("models")
+def models_command():
+    """List the released DeepSpec checkpoints that `specgguf convert` knows."""
+    entries = registry.entries()
+    if not entries:
+        click.echo("no registry found (models/deepspec.json is missing from this install)")
+        return
+    width = max(len(e["repo"]) for e in entries)
+    click.echo(f"{'checkpoint':<{width}}  {'kind':<7} {'target':<22} {'layers (gguf)':<22} block")
+    for e in entries:
+        layers = ",".join(str(i) for i in e["gguf_target_layers"])
+        block = str(e["block_size"]) if e.get("block_size") else "-"
+        click.echo(f"{e['repo']:<{width}}  {e['kind']:<7} {e['target']:<22} {layers:<22} {block}")
+        click.echo(f"{'':<{width}}  {e['note']}")

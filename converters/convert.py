@@ -1,0 +1,116 @@
+"""One conversion, end to end: locate, classify, check against the target, plan, write.
+
+The CLI (cli.py) and the Python API both call `convert`; it prints nothing itself, so that
+callers decide how progress and warnings look.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specgguf.errors import UserError
+from specgguf.ggufinfo import read_gguf
+
+from . import registry
+from .checkpoints import detect_kind, load_config, locate
+from .deepspec import plan_dspark, refuse_deepspec_eagle3
+from .eagle3 import plan_eagle3
+from .safetensors import Weights
+from .writer import OUT_TYPES, check_output_path, write_draft
+
+HEADS = ("shared", "own")
+
+
+@dataclass
+class Result:
+    path: Path
+    kind: str
+    backbone: str
+    target_layers: list
+    block_size: int | None
+    tensors: int
+    types: dict
+    size_bytes: int
+    head: str
+    cost_ratio: float | None  # weights read per draft step / per target step (estimate)
+    summary: dict
+
+
+def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, out_type: str = "f16",
+            head: str = "shared", *, progress: Callable[[int, int], None] | None = None,
+            warn: Callable[[str], None] | None = None, offline: bool = False) -> Result:
+    """Convert a DeepSpec DFlash/DSpark or standard EAGLE-3 checkpoint to a draft GGUF.
+
+    `progress(done_bytes, total_bytes)` is called as tensors are written; `warn(text)` gets
+    non-fatal findings. Bad input raises `UserError` and leaves no output file.
+    """
+    warn = warn or (lambda text: None)
+    if out_type not in OUT_TYPES:
+        raise UserError(f"unknown --type {out_type!r}; use one of {', '.join(OUT_TYPES)}")
+    if head not in HEADS:
+        raise UserError(f"unknown --head {head!r}; use shared or own")
+    entry = registry.find(checkpoint)
+    if entry is not None and entry["kind"] == "eagle3":  # refuse before downloading gigabytes
+        from .checkpoints import Kind
+
+        refuse_deepspec_eagle3(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
+    tgt = read_gguf(target, "target")
+    out_path = Path(out) if out else Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
+    out_path = check_output_path(out_path, tgt.path)
+
+    directory = locate(checkpoint, offline=offline)
+    config = load_config(directory)
+    kind = detect_kind(config)
+    if kind.family == "deepspec-eagle3":
+        refuse_deepspec_eagle3(kind)
+    config.setdefault("_name_or_path", entry["repo"] if entry else _stem(checkpoint))
+    with Weights(directory) as weights:
+        if kind.family == "deepspec-dspark":
+            plan = plan_dspark(config, weights, kind, tgt, head, warn)
+        else:
+            plan = plan_eagle3(config, weights, kind, tgt, head, warn)
+        total, done = plan.source_bytes, 0
+
+        def step(nbytes: int) -> None:
+            nonlocal done
+            done += nbytes
+            if progress is not None:
+                progress(done, total)
+
+        reader = tgt.reader()  # one full read of the target header: tokenizer and tensor sizes
+        stats = write_draft(plan, tgt, out_path, out_type, step, reader)
+    return Result(path=stats["path"], kind=kind.name, backbone=kind.backbone,
+                  target_layers=plan.summary["target_layers"], block_size=plan.summary.get("block_size"),
+                  tensors=stats["tensors"], types=stats["types"], size_bytes=stats["bytes"], head=head,
+                  cost_ratio=_cost_ratio(stats["path"], reader), summary=plan.summary)
+
+
+def _stem(checkpoint: str) -> str:
+    name = Path(checkpoint.rstrip("/")).name or "draft"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+# Tensors read through get_rows (a few rows per token), not whole, in a forward pass.
+_ROW_LOOKUPS = ("token_embd.weight", "markov_w1.weight", "per_layer_token_embd.weight")
+
+
+def _cost_ratio(draft_path: Path, target_reader) -> float | None:
+    """Bytes of weights one draft step reads / bytes one target step reads (memory-bound)."""
+    import gguf
+
+    def weight_bytes(reader) -> dict:
+        return {t.name: int(t.n_bytes) for t in reader.tensors}
+
+    try:
+        tgt = weight_bytes(target_reader)
+        drf = weight_bytes(gguf.GGUFReader(draft_path, "r"))
+    except Exception:  # an estimate only: never fail a finished conversion over it
+        return None
+    t_total = sum(v for k, v in tgt.items() if k not in _ROW_LOOKUPS)
+    d_total = sum(v for k, v in drf.items() if k not in _ROW_LOOKUPS)
+    if "output.weight" not in drf:  # the borrowed head is read by every draft step too
+        d_total += tgt.get("output.weight", tgt.get("token_embd.weight", 0))
+    return d_total / t_total if t_total else None

@@ -1,0 +1,364 @@
+"""Makers of tiny synthetic checkpoints and targets for the converter tests (numpy only).
+
+- `make_target_gguf`: a qwen3-arch target GGUF with random weights and a real (small) GPT-2
+  style BPE tokenizer section, loadable by llama.cpp.
+- `make_dspark_checkpoint`: a DeepSpec-format DFlash/DSpark checkpoint (Qwen3 or Gemma 4
+  backbone; BF16 by default; optionally sharded), laid out as DeepSpec's trainer saves it.
+- `make_eagle3_checkpoint`: a standard (SpecForge-style) EAGLE-3 checkpoint with d2t.
+- `make_deepspec_eagle3_checkpoint`: a DeepSpec Eagle3 checkpoint (5 layers, q/k norms).
+- `write_safetensors`: the safetensors format by hand (8-byte header length, JSON, data).
+
+Weights are random but deterministic (seeded). The checkpoint's embeddings and head are the
+target's own values, as in real DeepSpec checkpoints (frozen copies of the target's).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+# --------------------------------------------------------------------------------------
+# safetensors
+# --------------------------------------------------------------------------------------
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    return (to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
+def write_safetensors(path: Path, tensors: dict, dtype: str = "BF16") -> None:
+    """Write float arrays in `dtype` (BF16/F16/F32); int64 arrays are written as I64."""
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        if arr.dtype == np.int64:
+            data, dt = arr.astype("<i8").tobytes(), "I64"
+        elif dtype == "BF16":
+            data, dt = to_bf16_bits(arr).tobytes(), "BF16"
+        elif dtype == "F16":
+            data, dt = arr.astype("<f2").tobytes(), "F16"
+        else:
+            data, dt = arr.astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for b in blobs:
+            fh.write(b)
+
+
+def write_checkpoint(directory: Path, config: dict, tensors: dict, dtype="BF16", shards: int = 1) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    if shards == 1:
+        write_safetensors(directory / "model.safetensors", tensors, dtype)
+        return directory
+    names = list(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        write_safetensors(directory / fname, part, dtype)
+        weight_map.update({n: fname for n in part})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return directory
+
+
+# --------------------------------------------------------------------------------------
+# target GGUF (qwen3 arch, GPT-2 BPE tokenizer)
+# --------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+
+
+def make_vocab(n_vocab: int):
+    """tokens, token types and merges of a small byte-level BPE vocabulary of n_vocab tokens."""
+    byte_chars = list(_bytes_to_unicode().values())
+    tokens, merges = list(byte_chars), []
+    words = ["the", "and", "ing", "to", "of", "in", "is", "it", "on", "at", "er", "re", "ed",
+             "hello", "world", "draft", "token", "model", "speculative", "decoding"]
+    seen = set(tokens)
+    for w in words:  # merges that build each word from the left
+        cur = w[0]
+        for ch in w[1:]:
+            new = cur + ch
+            if new not in seen and len(tokens) < n_vocab - len(SPECIALS):
+                merges.append(f"{cur} {ch}")
+                tokens.append(new)
+                seen.add(new)
+            cur = new
+    for w in words:
+        sp = "Ġ" + w
+        if sp not in seen and w in seen and len(tokens) < n_vocab - len(SPECIALS):
+            merges.append(f"Ġ {w}")
+            tokens.append(sp)
+            seen.add(sp)
+    i = 0
+    while len(tokens) < n_vocab - len(SPECIALS):  # padding tokens, as in padded Qwen vocabularies
+        tokens.append(f"[PAD{i}]")
+        i += 1
+    types = [1] * len(tokens)
+    for s in SPECIALS:
+        tokens.append(s)
+        types.append(3)
+    return tokens, types, merges
+
+
+@dataclass
+class TargetSpec:
+    n_vocab: int = 320
+    n_embd: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_ff: int = 128
+    rope_theta: float = 1e6
+    eps: float = 1e-6
+    seed: int = 0
+
+    @property
+    def mask_id(self) -> int:
+        return self.n_vocab - 1  # "<|mask|>"
+
+
+def target_arrays(spec: TargetSpec) -> dict:
+    """The target's weights (numpy order [out, in]); embeddings and head are reused by drafts."""
+    rng = np.random.default_rng(spec.seed)
+    H, q, kv = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    w = {"token_embd.weight": rng.normal(0, 1.0, (spec.n_vocab, H)),
+         "output.weight": rng.normal(0, 0.3, (spec.n_vocab, H)),
+         "output_norm.weight": 1 + rng.normal(0, 0.1, H)}
+    for i in range(spec.n_layer):
+        b = f"blk.{i}."
+        w[b + "attn_norm.weight"] = 1 + rng.normal(0, 0.1, H)
+        w[b + "attn_q.weight"] = rng.normal(0, H ** -0.5, (q, H))
+        w[b + "attn_k.weight"] = rng.normal(0, H ** -0.5, (kv, H))
+        w[b + "attn_v.weight"] = rng.normal(0, H ** -0.5, (kv, H))
+        w[b + "attn_output.weight"] = rng.normal(0, q ** -0.5, (H, q))
+        w[b + "attn_q_norm.weight"] = 1 + rng.normal(0, 0.1, spec.head_dim)
+        w[b + "attn_k_norm.weight"] = 1 + rng.normal(0, 0.1, spec.head_dim)
+        w[b + "ffn_norm.weight"] = 1 + rng.normal(0, 0.1, H)
+        w[b + "ffn_gate.weight"] = rng.normal(0, H ** -0.5, (spec.n_ff, H))
+        w[b + "ffn_up.weight"] = rng.normal(0, H ** -0.5, (spec.n_ff, H))
+        w[b + "ffn_down.weight"] = rng.normal(0, spec.n_ff ** -0.5, (H, spec.n_ff))
+    # bf16-exact values, so that a BF16 checkpoint holds exactly the target's embeddings/head
+    return {k: bf16_round(v.astype(np.float32)) for k, v in w.items()}
+
+
+def make_target_gguf(path: Path, spec: TargetSpec = TargetSpec(), arch: str = "qwen3") -> Path:
+    """A loadable qwen3-arch (or other arch name, for capability tests) target GGUF."""
+    w = target_arrays(spec)
+    tokens, types, merges = make_vocab(spec.n_vocab)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name("synthetic target")
+    a = arch
+    writer.add_uint32(f"{a}.context_length", 4096)
+    writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
+    writer.add_uint32(f"{a}.block_count", spec.n_layer)
+    writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
+    writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.eps)
+    writer.add_float32(f"{a}.rope.freq_base", spec.rope_theta)
+    writer.add_uint32("general.file_type", 0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(spec.n_vocab - 4)
+    writer.add_eos_token_id(spec.n_vocab - 2)
+    writer.add_pad_token_id(spec.n_vocab - 4)
+    writer.add_add_bos_token(False)
+    writer.add_string("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                      "{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    for name, arr in w.items():
+        writer.add_tensor(name, arr.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+# --------------------------------------------------------------------------------------
+# DeepSpec DFlash / DSpark checkpoints
+# --------------------------------------------------------------------------------------
+
+
+def dspark_config(spec: TargetSpec, *, backbone="qwen3", n_layer=2, markov_rank=32, conf=True,
+                  block_size=4, target_layer_ids=(0, 1, 2)) -> dict:
+    base = {
+        "hidden_size": spec.n_embd, "intermediate_size": spec.n_ff, "num_hidden_layers": n_layer,
+        "num_attention_heads": spec.n_head, "vocab_size": spec.n_vocab, "rms_norm_eps": spec.eps,
+        "max_position_embeddings": 4096, "attention_bias": False, "tie_word_embeddings": False,
+        "num_target_layers": spec.n_layer, "target_layer_ids": list(target_layer_ids),
+        "block_size": block_size, "mask_token_id": spec.mask_id, "markov_rank": markov_rank,
+        "enable_confidence_head": bool(conf), "num_anchors": 512,
+        "layer_types": ["full_attention"] * n_layer, "dtype": "bfloat16",
+    }
+    if markov_rank:
+        base["markov_head_type"] = "vanilla"
+    if conf:
+        base["confidence_head_with_markov"] = bool(markov_rank)
+    if backbone == "qwen3":
+        base.update({"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+                     "num_key_value_heads": spec.n_head_kv, "head_dim": spec.head_dim,
+                     "hidden_act": "silu",
+                     "rope_parameters": {"rope_theta": spec.rope_theta, "rope_type": "default"}})
+    else:
+        base.update({"architectures": ["Gemma4DSparkModel"], "model_type": "gemma4_text",
+                     "head_dim": spec.head_dim // 2, "global_head_dim": spec.head_dim,
+                     "num_key_value_heads": spec.n_head_kv, "num_global_key_value_heads": 1,
+                     "attention_k_eq_v": True, "hidden_activation": "gelu_pytorch_tanh",
+                     "enable_moe_block": False, "hidden_size_per_layer_input": 0,
+                     "use_double_wide_mlp": False, "num_kv_shared_layers": 0,
+                     "final_logit_softcapping": None,
+                     "rope_parameters": {
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": spec.rope_theta},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                     "target_model_type": "gemma4", "target_text_model_type": "gemma4_text"})
+    return base
+
+
+def dspark_tensors(spec: TargetSpec, config: dict, seed: int = 1) -> dict:
+    """DeepSpec state-dict keys (no `model.` prefix) for a config made by dspark_config."""
+    rng = np.random.default_rng(seed)
+    tw = target_arrays(spec)
+    gemma = config["model_type"].startswith("gemma4")
+    H, V, I = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
+    nH = config["num_attention_heads"]
+    hd = config["global_head_dim"] if gemma else config["head_dim"]
+    nKV = config["num_global_key_value_heads"] if gemma else config["num_key_value_heads"]
+    K, R = len(config["target_layer_ids"]), config["markov_rank"]
+    norm = lambda n: (1 + rng.normal(0, 0.1, n)).astype(np.float32)  # noqa: E731
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    t = {"embed_tokens.weight": tw["token_embd.weight"], "lm_head.weight": tw["output.weight"],
+         "fc.weight": lin(H, K * H), "hidden_norm.weight": norm(H), "norm.weight": norm(H)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(H)
+        t[p + "self_attn.q_proj.weight"] = lin(nH * hd, H)
+        t[p + "self_attn.k_proj.weight"] = lin(nKV * hd, H)
+        if not gemma:
+            t[p + "self_attn.v_proj.weight"] = lin(nKV * hd, H)
+        t[p + "self_attn.o_proj.weight"] = lin(H, nH * hd)
+        t[p + "self_attn.q_norm.weight"] = norm(hd)
+        t[p + "self_attn.k_norm.weight"] = norm(hd)
+        t[p + "post_attention_layernorm.weight"] = norm(H)
+        if gemma:
+            t[p + "pre_feedforward_layernorm.weight"] = norm(H)
+            t[p + "post_feedforward_layernorm.weight"] = norm(H)
+            t[p + "layer_scalar"] = np.array([0.5 + rng.random()], dtype=np.float32)
+        t[p + "mlp.gate_proj.weight"] = lin(I, H)
+        t[p + "mlp.up_proj.weight"] = lin(I, H)
+        t[p + "mlp.down_proj.weight"] = lin(H, I)
+    if R:
+        t["markov_head.markov_w1.weight"] = rng.normal(0, 1.0, (V, R)).astype(np.float32)
+        t["markov_head.markov_w2.weight"] = rng.normal(0, 0.5 * R ** -0.5, (V, R)).astype(np.float32)
+    if config.get("enable_confidence_head"):
+        width = H + R if R else H
+        t["confidence_head.proj.weight"] = rng.normal(0, width ** -0.5, (1, width)).astype(np.float32)
+        t["confidence_head.proj.bias"] = np.array([0.1], dtype=np.float32)
+    return t
+
+
+def make_dspark_checkpoint(directory: Path, spec: TargetSpec = TargetSpec(), *, dtype="BF16",
+                           shards=1, seed=1, **config_kw) -> Path:
+    config = dspark_config(spec, **config_kw)
+    return write_checkpoint(directory, config, dspark_tensors(spec, config, seed), dtype, shards)
+
+
+# --------------------------------------------------------------------------------------
+# EAGLE-3 checkpoints
+# --------------------------------------------------------------------------------------
+
+
+def eagle3_config(spec: TargetSpec, *, hidden=64, n_head=4, n_kv=2, n_ff=128, draft_vocab=256,
+                  layers=(1, 2, 3)) -> dict:
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "hidden_size": hidden, "intermediate_size": n_ff, "num_hidden_layers": 1,
+            "num_attention_heads": n_head, "num_key_value_heads": n_kv, "head_dim": hidden // n_head,
+            "vocab_size": spec.n_vocab, "draft_vocab_size": draft_vocab, "rms_norm_eps": spec.eps,
+            "rope_theta": 10000.0, "max_position_embeddings": 2048, "hidden_act": "silu",
+            "target_hidden_size": spec.n_embd, "eagle_aux_hidden_state_layer_ids": list(layers),
+            "tie_word_embeddings": False}
+
+
+def eagle3_tensors(spec: TargetSpec, config: dict, seed: int = 2) -> dict:
+    rng = np.random.default_rng(seed)
+    tw = target_arrays(spec)
+    Hd, Ht, I = config["hidden_size"], config["target_hidden_size"], config["intermediate_size"]
+    nH, nKV, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    Vd = config["draft_vocab_size"]
+    norm = lambda n: (1 + rng.normal(0, 0.1, n)).astype(np.float32)  # noqa: E731
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    # d2t offsets: draft token i -> target token i + d2t[i] (a sorted random subset)
+    keep = np.sort(rng.choice(spec.n_vocab, Vd, replace=False))
+    t = {"fc.weight": lin(Hd, 3 * Ht), "norm.weight": norm(Hd), "lm_head.weight": lin(Vd, Hd),
+         "embed_tokens.weight": tw["token_embd.weight"][:, :Hd] if Hd <= spec.n_embd else lin(spec.n_vocab, Hd),
+         "d2t": (keep - np.arange(Vd)).astype(np.int64),
+         "midlayer.input_layernorm.weight": norm(Hd), "midlayer.hidden_norm.weight": norm(Hd),
+         "midlayer.self_attn.q_proj.weight": lin(nH * hd, 2 * Hd),
+         "midlayer.self_attn.k_proj.weight": lin(nKV * hd, 2 * Hd),
+         "midlayer.self_attn.v_proj.weight": lin(nKV * hd, 2 * Hd),
+         "midlayer.self_attn.o_proj.weight": lin(Hd, nH * hd),
+         "midlayer.post_attention_layernorm.weight": norm(Hd),
+         "midlayer.mlp.gate_proj.weight": lin(I, Hd), "midlayer.mlp.up_proj.weight": lin(I, Hd),
+         "midlayer.mlp.down_proj.weight": lin(Hd, I)}
+    return t
+
+
+def make_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec(), *, dtype="BF16", **kw) -> Path:
+    config = eagle3_config(spec, **kw)
+    tensors = eagle3_tensors(spec, config)
+    tensors["t2d"] = np.zeros(1, dtype=np.int64)  # present in SpecForge exports; dropped
+    return write_checkpoint(directory, config, tensors, dtype)
+
+
+def make_deepspec_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec()) -> Path:
+    """A DeepSpec Eagle3 (Qwen3Eagle3Model): 5 target layers, q/k norms. Only refused."""
+    H, hd = spec.n_embd, spec.head_dim
+    config = {"architectures": ["Qwen3Eagle3Model"], "model_type": "qwen3", "hidden_size": H,
+              "num_hidden_layers": 1, "draft_num_hidden_layers": 1, "num_target_layers": spec.n_layer,
+              "target_layer_ids": [0, 1, 1, 2, 2], "ttt_length": 7, "step_loss_decay": 0.8,
+              "vocab_size": spec.n_vocab, "num_attention_heads": spec.n_head, "head_dim": hd}
+    rng = np.random.default_rng(3)
+    tensors = {"fc.weight": rng.normal(size=(H, 5 * H)).astype(np.float32),
+               "layers.0.self_attn.q_norm.weight": np.ones(hd, np.float32)}
+    return write_checkpoint(directory, config, tensors)
