@@ -38,3 +38,22 @@ def default_target() -> Path:
         if tmp.exists():
             tmp.unlink()
     return out
+
+
+def requantized_default(ftype: str = "q3_k_s") -> Path:
+    """The default model requantized to a smaller type: a real plain draft for it (the same
+    tokenizer, cheaper weights, similar but not identical predictions). Made once, cached."""
+    from . import native
+
+    src = default_target()
+    out = cache_dir() / f"{src.stem}.requant-{ftype}.gguf"
+    if out.exists():
+        return out
+    tmp = out.with_suffix(f".partial-{os.getpid()}")
+    try:
+        native.quantize(src, tmp, ftype, allow_requantize=True)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out

@@ -69,7 +69,7 @@ class Generation:
         target, drafter, prompt = self.engine.target, self.engine.drafter, self.prompt
         ctx, batch = target.ctx, target.batch
         ctx.clear()
-        if drafter is not None and hasattr(drafter, "reset"):
+        if drafter is not None:
             drafter.reset()
         t0 = time.perf_counter()
         body = prompt[:-1]

@@ -2,6 +2,7 @@
 
 The engine calls, per generation and per round (runtime-protocol.md §1):
 
+    reset()                           a new generation starts: forget all state
     begin(history)                    once, after the prompt is in the target
     process(tokens, pos0)             after EVERY target decode, with the same tokens
     draft(history, id_last, pos0, n)  propose up to n tokens following id_last
@@ -19,6 +20,8 @@ from typing import Protocol, Sequence
 
 class Drafter(Protocol):
     kind: str
+
+    def reset(self) -> None: ...
 
     def begin(self, history: Sequence[int]) -> None: ...
 

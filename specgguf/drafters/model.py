@@ -35,6 +35,9 @@ class ModelDrafter:
     def describe(self) -> str:
         return f"model draft {self.info.path.name} ({self.info.arch}, {self.info.file_type})"
 
+    def reset(self) -> None:
+        self.ctx.clear()
+
     def begin(self, history) -> None:
         pass
 

@@ -24,6 +24,9 @@ class NgramDrafter:
     def describe(self) -> str:
         return f"n-gram prompt lookup (match {self.ngram_max}..{self.ngram_min} tokens)"
 
+    def reset(self) -> None:
+        self._seq, self._index = [], {}
+
     def begin(self, history) -> None:
         self._seq, self._index = [], {}
         self._extend(history)

@@ -1,0 +1,49 @@
+"""Shared fixtures: the real Gemma 3 270M (and a requantized copy as a plain draft), and
+tiny synthetic qwen3 models built once per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specgguf.synthetic import QwenShape, write_qwen3
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    from specgguf.defaults import default_target
+
+    return default_target()
+
+
+@pytest.fixture(scope="session")
+def gemma_draft_path():
+    from specgguf.defaults import requantized_default
+
+    return requantized_default("q3_k_s")
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic")
+
+
+@pytest.fixture(scope="session")
+def qwen3_target(synth_dir):
+    return write_qwen3(synth_dir / "qwen3-target.gguf", QwenShape(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen3_draft(synth_dir):
+    """Same tokenizer, weights perturbed by 10%: agrees with the target often, not always."""
+    return write_qwen3(synth_dir / "qwen3-draft.gguf", QwenShape(), seed=0, perturb=0.1)
+
+
+def run_cli(*args, timeout=300, env=None):
+    """Run `python -m specgguf` in a subprocess (as a user would) and capture the result."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "specgguf", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
