@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Turn formats for GGUFs without `tokenizer.chat_template`, picked by marker tokens in
-# the vocabulary (a model trained on a format has its markers as single tokens).
-_FALLBACKS = [
-    ("Gemma turn format", "<start_of_turn>",
-     "<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n", {"assistant": "model"}),
-    ("ChatML", "<|im_start|>", "<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n", {}),
-]
-_PLAIN = ("plain 'User:/Assistant:' transcript", None, "{Role}: {content}\n", "Assistant:", {})
+# A GGUF without `tokenizer.chat_template` is almost always a base (pretrained) model, like
+# the embedded Gemma 3 270M: it was never trained on turn markers, but it continues a plain
+# transcript well. So that is the fallback, and `chat` says so.
+_TRANSCRIPT = ("plain 'User:/Assistant:' transcript", "{Role}: {content}\n", "Assistant:", "\nUser:")
 
 
 @dataclass
@@ -21,7 +17,6 @@ class ChatFormat:
     template: str | None = None
     turn: str = ""
     generation_prompt: str = ""
-    roles: dict | None = None
     bos_text: str = ""
     eos_text: str = ""
     stop: tuple = ()
@@ -32,12 +27,8 @@ class ChatFormat:
         eos = model.token_text(model.eos) if model.eos >= 0 else ""
         if template:
             return cls("the GGUF's chat template", False, template, bos_text=bos, eos_text=eos)
-        for name, marker, turn, gen, roles in _FALLBACKS:
-            if len(model.tokenize(marker, add_special=False)) == 1:
-                end_marker = turn.split("{content}")[1].strip()
-                return cls(name, True, None, turn, gen, roles, bos, eos, stop=(end_marker,))
-        name, _, turn, gen, roles = _PLAIN
-        return cls(name, True, None, turn, gen, roles, bos, eos, stop=("\nUser:",))
+        name, turn, gen, stop = _TRANSCRIPT
+        return cls(name, True, None, turn, gen, bos, eos, stop=(stop,))
 
     def render(self, messages: list[dict]) -> str:
         for m in messages:
@@ -45,9 +36,7 @@ class ChatFormat:
                 raise ValueError("each message needs a 'role' and a 'content'")
         if self.template is not None:
             return _render_jinja(self.template, messages, self.bos_text, self.eos_text)
-        roles = self.roles or {}
-        text = "".join(self.turn.format(role=roles.get(m["role"], m["role"]), Role=m["role"].capitalize(),
-                                        content=m["content"]) for m in messages)
+        text = "".join(self.turn.format(Role=m["role"].capitalize(), content=m["content"]) for m in messages)
         return self.bos_text + text + self.generation_prompt
 
 

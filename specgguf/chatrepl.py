@@ -9,7 +9,7 @@ def run_repl(llm, system: str | None = None, max_tokens: int = 512) -> None:
     fmt = llm.chat_format
     if fmt.is_fallback:
         click.echo(f"note: {llm.target.info.path.name} has no chat template; using the {fmt.name} "
-                   "(guessed from its vocabulary)", err=True)
+                   "(a GGUF without one is usually a base model)", err=True)
     drafter = llm.drafter.describe() if llm.drafter else "none (plain decoding)"
     click.echo(f"specgguf chat: target {llm.target.info.name}, draft {drafter}. "
                "Commands: /stats /reset /exit; Ctrl-C stops an answer.", err=True)
