@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Benchmark: plain decoding vs `ngram` and `model` drafting on the embedded Gemma 3 270M.
+
+Two prompt sets: input-grounded (copy, rewrite or continue a given passage or code, where
+the output repeats the input) and open-ended chat. Every configuration runs on the same
+loaded target, side by side, greedy; the speedup is tokens/s over plain decoding of the same
+prompts. Prints a table and writes JSON (default bench/speedup.json).
+
+    python scripts/bench_speedup.py [--max-tokens 128] [--draft-max 2,4,8] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from specgguf.api import SpecGGUF
+from specgguf.defaults import requantized_default
+from specgguf.drafters import make_drafter
+from specgguf.engine import Engine
+
+PASSAGE = (
+    "The river rises in the northern hills and runs south for two hundred miles. In spring the "
+    "snow melts and the water is high; in late summer it is slow and clear, and children swim at "
+    "the old mill. The town grew up where the road crosses the river, and the bridge, built of grey "
+    "stone in 1820, still carries the traffic of the market every Saturday."
+)
+CODE = (
+    "def parse_config(path):\n    settings = {}\n    with open(path) as fh:\n        for line in fh:\n"
+    "            line = line.strip()\n            if not line or line.startswith('#'):\n"
+    "                continue\n            key, value = line.split('=', 1)\n"
+    "            settings[key.strip()] = value.strip()\n    return settings\n"
+)
+PROMPTS = {
+    "grounded": [
+        f"Copy the following passage exactly.\n\n{PASSAGE}\n\nCopy:\n",
+        f"Here is a Python function:\n\n{CODE}\nThe same function with type hints added:\n\n",
+        f"{PASSAGE}\n\nQuestion: Summarise the passage above, reusing its own words.\nAnswer:",
+    ],
+    "open": [
+        "User: Write a short story about a robot who learns to paint.\nAssistant:",
+        "User: What are three good ways to learn a new language?\nAssistant:",
+        "User: Explain why the sky is blue to a ten-year-old.\nAssistant:",
+    ],
+}
+
+
+def run(llm: SpecGGUF, engine: Engine, prompts: list[str], max_tokens: int) -> dict:
+    gen_tokens = decode_s = drafted = accepted = rounds = 0
+    outputs = []
+    for prompt in prompts:
+        gen = engine.generate(llm.tokenize(prompt), max_tokens)
+        for _ in gen:
+            pass
+        s = gen.stats
+        gen_tokens += s.generated_tokens
+        decode_s += s.decode_s
+        drafted, accepted, rounds = drafted + s.drafted, accepted + s.accepted, rounds + s.rounds
+        outputs.append(gen.tokens)
+    return {"tokens": gen_tokens, "seconds": decode_s, "tokens_per_second": gen_tokens / decode_s,
+            "drafted": drafted, "accepted": accepted, "rounds": rounds,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "tau": (accepted + rounds) / rounds if rounds else 0.0, "outputs": outputs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--draft-max", default="2,4,8")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="bench/speedup.json")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.draft_max.split(",")]
+
+    draft_path = requantized_default("q3_k_s")
+    llm = SpecGGUF(None, n_ctx=2048, n_threads=args.threads)
+    drafters = {"ngram": make_drafter("ngram", llm.target),
+                "model": make_drafter(str(draft_path), llm.target, n_threads=args.threads)}
+    rows = []
+    try:
+        run(llm, Engine(llm.target, None), ["Warm-up."], 8)  # first decode pays one-off costs
+        for set_name, prompts in PROMPTS.items():
+            base = run(llm, Engine(llm.target, None), prompts, args.max_tokens)
+            rows.append({"set": set_name, "drafter": "plain", "draft_max": 0, **base})
+            for name, drafter in drafters.items():
+                for n in lengths:
+                    res = run(llm, Engine(llm.target, drafter, n), prompts, args.max_tokens)
+                    res["identical_to_plain"] = res["outputs"] == base["outputs"]
+                    rows.append({"set": set_name, "drafter": name, "draft_max": n, **res})
+            for r in rows:
+                if r["set"] == set_name:
+                    r["speedup"] = r["tokens_per_second"] / base["tokens_per_second"]
+    finally:
+        for d in drafters.values():
+            d.close()
+        llm.close()
+
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} (llama.cpp CPU backend)"
+    print(f"specgguf bench_speedup: Gemma 3 270M Q4_K_M target, {args.max_tokens} tokens x 3 prompts per set; "
+          f"model draft = {draft_path.name}; {machine}")
+    header = f"{'set':9} {'drafter':8} {'n':>3} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5} {'same':>5}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        same = "-" if r["drafter"] == "plain" else ("yes" if r["identical_to_plain"] else "NO")
+        print(f"{r['set']:9} {r['drafter']:8} {r['draft_max']:>3} {r['tokens_per_second']:7.1f} "
+              f"{r['speedup']:7.2f}x {100 * r['acceptance_rate']:6.0f}% {r['tau']:5.2f} {same:>5}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        r.pop("outputs")
+    out.write_text(json.dumps({"machine": machine, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
