@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from specgguf.errors import UserError
 from specgguf.ggufinfo import read_gguf
 
@@ -80,12 +82,11 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
             if progress is not None:
                 progress(done, total)
 
-        reader = tgt.reader()  # one full read of the target header: tokenizer and tensor sizes
-        stats = write_draft(plan, tgt, out_path, out_type, step, reader)
+        stats = write_draft(plan, tgt, out_path, out_type, step)
     return Result(path=stats["path"], kind=kind.name, backbone=kind.backbone,
                   target_layers=plan.summary["target_layers"], block_size=plan.summary.get("block_size"),
                   tensors=stats["tensors"], types=stats["types"], size_bytes=stats["bytes"], head=head,
-                  cost_ratio=_cost_ratio(stats["path"], reader), summary=plan.summary)
+                  cost_ratio=_cost_ratio(stats["path"], tgt), summary=plan.summary)
 
 
 def _stem(checkpoint: str) -> str:
@@ -97,16 +98,22 @@ def _stem(checkpoint: str) -> str:
 _ROW_LOOKUPS = ("token_embd.weight", "markov_w1.weight", "per_layer_token_embd.weight")
 
 
-def _cost_ratio(draft_path: Path, target_reader) -> float | None:
+def _cost_ratio(draft_path: Path, target) -> float | None:
     """Bytes of weights one draft step reads / bytes one target step reads (memory-bound)."""
     import gguf
 
-    def weight_bytes(reader) -> dict:
-        return {t.name: int(t.n_bytes) for t in reader.tensors}
+    from specgguf.ggufinfo import read_gguf
+
+    def weight_bytes(info) -> dict:
+        out = {}
+        for name, shape in info.tensors.items():
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[info.tensor_types[name]]]
+            out[name] = int(np.prod(shape, dtype=np.int64)) // block * size
+        return out
 
     try:
-        tgt = weight_bytes(target_reader)
-        drf = weight_bytes(gguf.GGUFReader(draft_path, "r"))
+        tgt = weight_bytes(target)
+        drf = weight_bytes(read_gguf(draft_path, "draft"))
     except Exception:  # an estimate only: never fail a finished conversion over it
         return None
     t_total = sum(v for k, v in tgt.items() if k not in _ROW_LOOKUPS)

@@ -11,7 +11,9 @@ Ctrl-C never leaves a half-written draft (nor clobbers an older one).
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -20,6 +22,7 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
+from gguf.gguf_writer import WriterState
 
 from specgguf.errors import UserError
 
@@ -108,35 +111,62 @@ def _slabs(t: OutTensor, qtype: QT):
         yield _encode(t.transform(src.float32()), qtype)
         src.release()
         return
-    if qtype == QT.BF16 and src.dtype == "BF16":
-        yield np.ascontiguousarray(src.raw())  # same bits: copy, never round
-        src.release()
-        return
     if len(src.shape) < 2:
         yield _encode(src.float32(), qtype)
         return
+    same_bits = qtype == QT.BF16 and src.dtype == "BF16"  # copy the bits, never round twice
     rows = src.shape[0]
     per_row = max(1, int(np.prod(src.shape[1:], dtype=np.int64)))
     step = max(1, SLAB_ELEMENTS // per_row)
     for start in range(0, rows, step):
-        yield _encode(src.rows(start, min(rows, start + step)), qtype)
+        stop = min(rows, start + step)
+        yield np.array(src.raw()[start:stop]) if same_bits else _encode(src.rows(start, stop), qtype)
         src.release()  # drop the pages just read, so RSS does not grow with the checkpoint
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, reader, skip=()) -> int:
-    """Copy every tokenizer.* key of the target GGUF verbatim; returns how many."""
-    n = 0
-    for key, fld in reader.fields.items():
-        if not key.startswith("tokenizer.") or key in skip:
-            continue
-        types = fld.types
-        value = fld.contents()
-        if types[0] == VT.ARRAY:
-            writer.add_key_value(key, value, VT.ARRAY, sub_type=types[-1] if len(types) > 1 else None)
-        else:
-            writer.add_key_value(key, value, types[0])
-        n += 1
-    return n
+def tokenizer_records(path: Path, skip=()) -> list[bytes]:
+    """The raw bytes of every tokenizer.* key/value record of a GGUF file.
+
+    Copied verbatim into the draft: exact by construction, and cheap. (gguf.GGUFReader builds
+    a numpy object per token: ~500 MB for a 152k-token vocabulary, more than the conversion.)
+    """
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        magic, version, _n_tensors, n_kv = struct.unpack_from("<IIQQ", m, 0)
+        if magic != gguf.GGUF_MAGIC or version < 2:
+            raise UserError(f"target {path} is not a GGUF v2/v3 file")
+        pos, out = 24, []
+        for _ in range(n_kv):
+            start = pos
+            (klen,) = struct.unpack_from("<Q", m, pos)
+            key = bytes(m[pos + 8:pos + 8 + klen]).decode("utf-8", "replace")
+            pos += 8 + klen
+            (vtype,) = struct.unpack_from("<I", m, pos)
+            pos = _skip_value(m, pos + 4, vtype)
+            if key.startswith("tokenizer.") and key not in skip:
+                out.append(bytes(m[start:pos]))
+    return out
+
+
+_SCALAR_SIZES = {VT.UINT8: 1, VT.INT8: 1, VT.BOOL: 1, VT.UINT16: 2, VT.INT16: 2, VT.UINT32: 4,
+                 VT.INT32: 4, VT.FLOAT32: 4, VT.UINT64: 8, VT.INT64: 8, VT.FLOAT64: 8}
+
+
+def _skip_value(m, pos: int, vtype: int) -> int:
+    if vtype == VT.STRING:
+        return pos + 8 + struct.unpack_from("<Q", m, pos)[0]
+    if vtype == VT.ARRAY:
+        item, count = struct.unpack_from("<IQ", m, pos)
+        pos += 12
+        if item == VT.STRING:
+            for _ in range(count):
+                pos += 8 + struct.unpack_from("<Q", m, pos)[0]
+            return pos
+        if item == VT.ARRAY:
+            for _ in range(count):
+                pos = _skip_value(m, pos, VT.ARRAY)
+            return pos
+        return pos + count * _SCALAR_SIZES[VT(item)]
+    return pos + _SCALAR_SIZES[VT(vtype)]
 
 
 def check_output_path(out: Path, target_path: Path) -> Path:
@@ -155,10 +185,10 @@ def check_output_path(out: Path, target_path: Path) -> Path:
 
 
 def write_draft(plan: DraftPlan, target, out: Path, out_type: str = "f16",
-                progress: Callable[[int], None] | None = None, reader=None) -> dict:
+                progress: Callable[[int], None] | None = None) -> dict:
     """Write `plan` as a GGUF at `out` (atomically); returns {'bytes', 'types', 'tensors'}.
 
-    `target` is the target's GGUFInfo; `reader` its gguf.GGUFReader if the caller has one.
+    `target` is the target's GGUFInfo (specgguf.ggufinfo): its tokenizer is copied.
     """
     if out_type not in OUT_TYPES:
         raise UserError(f"unknown output type {out_type!r}; use one of {', '.join(OUT_TYPES)}")
@@ -168,7 +198,7 @@ def write_draft(plan: DraftPlan, target, out: Path, out_type: str = "f16",
     tmp_f16 = out.with_name(f".{out.name}.{os.getpid()}.f16.partial")
     try:
         first = tmp_f16 if out_type in KQUANTS else tmp
-        types = _write_gguf(plan, reader or target.reader(), first, base_type, progress)
+        types = _write_gguf(plan, target.path, first, base_type, progress)
         if out_type in KQUANTS:
             from specgguf import native  # llama.cpp is needed only for K-quants
 
@@ -186,7 +216,7 @@ def write_draft(plan: DraftPlan, target, out: Path, out_type: str = "f16",
     return {"bytes": out.stat().st_size, "types": types, "tensors": len(plan.tensors), "path": out}
 
 
-def _write_gguf(plan: DraftPlan, target_reader, path: Path, out_type: str, progress) -> dict:
+def _write_gguf(plan: DraftPlan, target_path: Path, path: Path, out_type: str, progress) -> dict:
     writer = gguf.GGUFWriter(path, plan.arch)
     try:
         writer.add_name(plan.name)
@@ -196,7 +226,7 @@ def _write_gguf(plan: DraftPlan, target_reader, path: Path, out_type: str, progr
             writer.add_uint32("general.file_type", FILE_TYPES[out_type])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         skip = ("tokenizer.ggml.mask_token_id",) if plan.mask_token_id is not None else ()
-        copy_tokenizer(writer, target_reader, skip)
+        records = tokenizer_records(target_path, skip)
         if plan.mask_token_id is not None:
             writer.add_uint32("tokenizer.ggml.mask_token_id", int(plan.mask_token_id))
 
@@ -204,10 +234,16 @@ def _write_gguf(plan: DraftPlan, target_reader, path: Path, out_type: str, progr
         for t, q in zip(plan.tensors, qtypes):
             np_dtype = np.int64 if q == QT.I64 else np.float32
             writer.add_tensor_info(t.name, t.shape, np.dtype(np_dtype), _nbytes(t.shape, q), raw_dtype=q)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
+        # The header counts our keys plus the raw tokenizer records appended after them.
+        writer.open_output_file()
         fout = writer.fout[0]
+        fout.write(struct.pack("<IIQQ", gguf.GGUF_MAGIC, gguf.GGUF_VERSION, len(plan.tensors),
+                               len(writer.kv_data[0]) + len(records)))
+        writer.state = WriterState.HEADER
+        writer.write_kv_data_to_file()
+        for record in records:
+            fout.write(record)
+        writer.write_ti_data_to_file()
         for t, q in zip(plan.tensors, qtypes):
             writer.write_padding(fout, fout.tell())
             written = 0
@@ -229,8 +265,9 @@ def _write_gguf(plan: DraftPlan, target_reader, path: Path, out_type: str, progr
 
 
 def _types_in(path: Path) -> dict:
-    reader = gguf.GGUFReader(path, "r")
+    from specgguf.ggufinfo import read_gguf
+
     counts: dict[str, int] = {}
-    for t in reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    for name in read_gguf(path, "draft").tensor_types.values():
+        counts[name] = counts.get(name, 0) + 1
     return counts
