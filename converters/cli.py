@@ -59,6 +59,8 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
+            if bar.is_hidden:  # not a terminal: click printed only the label, end its line
+                click.echo("", err=True)
     s = result.summary
     extra = []
     if s.get("markov_rank"):
