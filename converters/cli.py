@@ -59,7 +59,7 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-            if bar.is_hidden:  # not a terminal: click printed only the label, end its line
+            if getattr(bar, "hidden", getattr(bar, "is_hidden", False)):  # not a terminal: click printed only the label, end its line
                 click.echo("", err=True)
     s = result.summary
     extra = []

@@ -241,3 +241,15 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, target):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: DeepSpec Eagle3"), proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_cli_success_prints_summary(tmp_path, target):
+    ck = F.make_dspark_checkpoint(tmp_path / "ck", SPEC)
+    out = tmp_path / "d.gguf"
+    proc = subprocess.run([sys.executable, "-m", "specgguf", "convert", str(ck), "--target", str(target),
+                           "-o", str(out), "--type", "q8_0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists() and "Traceback" not in proc.stderr
+    assert "kind           dspark (qwen3)" in proc.stdout and "(DeepSpec ids [0, 1, 2] + 1)" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "specgguf", "models"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("deepseek-ai/") == 12
