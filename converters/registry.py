@@ -1,7 +1,7 @@
 """The registry of released DeepSpec checkpoints (data in models/deepspec.json).
 
-The data file lives in the repository's top-level models/ folder, one level above this
-package's folder; this path works for the editable install that specgguf is used with.
+The repository's top-level models/ folder is installed as the data package specgguf.models
+(see pyproject.toml), so the file is found the same way in editable and regular installs.
 """
 
 from __future__ import annotations
@@ -10,15 +10,27 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-REGISTRY_PATH = Path(__file__).resolve().parent.parent / "models" / "deepspec.json"
+REGISTRY = "deepspec.json"
+
+
+def _registry_file() -> Path:
+    """specgguf.models is a data-only namespace package; its __path__ lists real folders
+    (plus, in editable installs, a path-hook entry that importlib.resources trips over)."""
+    import specgguf.models as pkg
+
+    for folder in pkg.__path__:
+        candidate = Path(folder) / REGISTRY
+        if candidate.is_file():
+            return candidate
+    raise OSError(f"{REGISTRY} not found")
 
 
 @lru_cache(maxsize=1)
 def entries() -> tuple[dict, ...]:
     try:
-        data = json.loads(REGISTRY_PATH.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ()  # a non-editable install without models/: conversions still work
+        data = json.loads(_registry_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError, ImportError):
+        return ()  # a broken install: conversions of local checkpoints still work
     return tuple(data.get("checkpoints", ()))
 
 

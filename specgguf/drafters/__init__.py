@@ -15,6 +15,7 @@ The engine calls, per generation and per round (runtime-protocol.md §1):
 
 from __future__ import annotations
 
+import os
 from typing import Protocol, Sequence
 
 
@@ -49,7 +50,7 @@ def make_drafter(spec: str, target, **options) -> Drafter:
         from .ngram import NgramDrafter
 
         return NgramDrafter(ngram_min=options.get("ngram_min", 2), ngram_max=options.get("ngram_max", 4))
-    if spec.endswith(".gguf") or "/" in spec or "\\" in spec:
+    if spec.endswith(".gguf") or os.path.exists(spec):
         from .model import ModelDrafter
 
         return ModelDrafter(spec, target, n_gpu_layers=options.get("n_gpu_layers_draft", target.n_gpu_layers),
