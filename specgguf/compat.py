@@ -35,3 +35,58 @@ def check_shared_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
             if a[i] != b[i]:
                 raise UserError(f"draft token {i} is {a[i]!r} but the target's is {b[i]!r}: the "
                                 f"vocabularies differ; {fix}")
+
+
+# Architectures whose graph in the pinned llama.cpp stores per-layer inputs (t_layer_inp),
+# which eagle3/dflash/dspark drafts read. Enabling extraction on any other target aborts
+# the whole process at its next decode (runtime-protocol.md §6.9): gemma3 and qwen2 are not here.
+LAYER_INPUT_ARCHS = frozenset({
+    "llama", "llama-embed", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4",
+    "gpt-oss", "lfm2", "hunyuan-vl", "hunyuan-dense", "nemotron_h", "minimax-01", "minimax-m2", "mimo2",
+    "bailingmoe3", "deepseek4", "muse-glimmer", "nanbeige"})
+# Archs whose graph exposes the pre-final-norm state, which eagle3 reads for layer id == n_layer.
+NEXTN_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "gemma4", "gpt-oss", "deepseek2", "deepseek4",
+                         "glm4moe", "nemotron_h"})
+
+
+def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min: float = 0.0) -> None:
+    """An eagle3/dflash/dspark draft and its target, checked on metadata alone."""
+    name = f"{kind} draft {draft.path.name}"
+    if target.arch not in LAYER_INPUT_ARCHS:
+        raise UserError(f"target architecture {target.arch!r} cannot hand hidden states to an {kind} draft "
+                        "in this llama.cpp (its graph exposes no layer inputs); use --draft ngram or a plain "
+                        "draft model with the same tokenizer")
+    ids = draft.target_layers
+    if not ids:
+        raise UserError(f"{name} lists no target layers ({draft.arch}.target_layers); convert it again")
+    if kind == "eagle3":
+        if len(ids) != 3:
+            raise UserError(f"{name} reads {len(ids)} target layers; this llama.cpp's eagle3 runs exactly 3 "
+                            "(DeepSpec Eagle3 drafts need a patched build)")
+        width = draft.metadata.get("eagle3.target_hidden_size")
+        if width is not None and int(width) != target.n_embd:
+            raise UserError(f"{name} was made for a target of width {width}, but {target.path.name} has "
+                            f"width {target.n_embd}; use the target it was trained for")
+        for lid in ids:
+            if lid > target.n_layer or (lid == target.n_layer and target.arch not in NEXTN_ARCHS):
+                raise UserError(f"{name} reads target layer {lid}, but {target.path.name} has {target.n_layer} "
+                                f"layers; use the target it was trained for")
+    else:
+        if draft.n_embd != target.n_embd:
+            raise UserError(f"{name} has width {draft.n_embd} but {target.path.name} has width {target.n_embd}; "
+                            "a DFlash/DSpark draft must match its target's width: use the target it was trained for")
+        bad = [lid for lid in ids if lid >= target.n_layer]
+        if bad:
+            raise UserError(f"{name} reads target layers {bad}, but {target.path.name} has only {target.n_layer} "
+                            "layers; use the target it was trained for")
+        if draft.mask_id is None:
+            raise UserError(f"{name} has no mask token (tokenizer.ggml.mask_token_id); convert it again")
+        if kind == "dspark" and p_min > 0 and draft.metadata.get("dflash.has_confidence_head") is False:
+            raise UserError(f"{name} has no confidence head, so --draft-p-min must be 0")
+    if draft.n_vocab != target.n_vocab:
+        raise UserError(f"{name} has a {draft.n_vocab}-token vocabulary but the target has {target.n_vocab}; "
+                        "use the target it was converted for")
+    if draft.vocab_fingerprint != target.vocab_fingerprint:
+        i = next((i for i, (a, b) in enumerate(zip(draft.tokens, target.tokens)) if a != b), None)
+        raise UserError(f"{name} and the target have different token texts"
+                        f"{f' (first at id {i})' if i is not None else ''}; use the target it was converted for")

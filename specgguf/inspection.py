@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from .compat import check_shared_vocab
+from .compat import LAYER_INPUT_ARCHS, check_hidden_state_pair, check_shared_vocab
+from .drafters import detect_kind
 from .errors import UserError
 from .ggufinfo import read_gguf
-
-# Architectures whose graph in the pinned llama.cpp exposes per-layer inputs, which
-# eagle3/dflash/dspark drafts read (runtime-protocol.md §6.9).
-LAYER_INPUT_ARCHS = {"llama", "llama-embed", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next",
-                     "qwen4exp", "gemma4", "gpt-oss", "lfm2", "hunyuan-vl", "hunyuan-dense", "nemotron_h",
-                     "minimax-01", "minimax-m2", "mimo2", "bailingmoe3", "deepseek4", "muse-glimmer",
-                     "nanbeige"}
-
-
-def draft_kind_of(info) -> str:
-    """The draft kind a GGUF serves as: eagle3, dflash, dspark, or model (any plain LM)."""
-    if info.arch == "eagle3":
-        return "eagle3"
-    if info.arch == "dflash":
-        return "dspark" if info.has_tensor("markov_w1.weight") else "dflash"
-    return "model"
 
 
 def describe(path, target_path=None) -> list[str]:
@@ -36,7 +21,7 @@ def describe(path, target_path=None) -> list[str]:
         f"fingerprint {info.vocab_fingerprint}",
         f"chat template: {'yes' if info.chat_template else 'none (chat uses a fallback format)'}",
     ]
-    kind = draft_kind_of(info)
+    kind = detect_kind(info)
     if kind == "model":
         feeds = "yes" if info.arch in LAYER_INPUT_ARCHS else "no (its graph exposes no layer inputs)"
         lines.append("as a target:  any plain draft of the same tokenizer, or ngram; "
@@ -44,13 +29,31 @@ def describe(path, target_path=None) -> list[str]:
         lines.append("as a draft:   kind 'model' for targets with the same tokenizer")
     else:
         lines.append(f"as a draft:   kind '{kind}', reads target layers {list(info.target_layers)} "
-                     "(runs in a later specgguf release)")
+                     f"(inputs of those layers), {_head(info)}")
+        if info.arch == "dflash":
+            anchor = info.metadata.get("dflash.sample_from_anchor")
+            rule = "sample-from-anchor" if (anchor is True or (kind == "dspark" and anchor is not False)) else "in-place"
+            extra = ", confidence head" if info.has_tensor("conf_proj.weight") else ""
+            lines.append(f"block:        {info.metadata.get('dflash.block_size', 16)} tokens, {rule} slots{extra}")
     if target_path:
         tgt = read_gguf(target_path, "target")
         try:
-            check_shared_vocab(tgt, info)
-            verdict = f"fits target {tgt.path.name}: same tokenizer"
+            if kind == "model":
+                check_shared_vocab(tgt, info)
+                verdict = f"fits target {tgt.path.name}: same tokenizer"
+            else:
+                check_hidden_state_pair(tgt, info, kind)
+                verdict = (f"fits target {tgt.path.name}: layers {list(info.target_layers)} of its "
+                           f"{tgt.n_layer}, width {tgt.n_embd}, same vocabulary")
         except UserError as exc:
             verdict = f"does NOT fit target {tgt.path.name}: {exc}"
         lines.append(f"pairing:      {verdict}")
     return lines
+
+
+def _head(info) -> str:
+    if info.has_tensor("output.weight") and info.has_tensor("token_embd.weight"):
+        return "own embeddings and head"
+    if info.has_tensor("output.weight"):
+        return "own head, the target's embeddings"
+    return "the target's embeddings and head (shared)"

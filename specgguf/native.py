@@ -173,6 +173,7 @@ class Model(_Owned):
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.mask = C.llama_vocab_mask(self.vocab)  # -1 when the vocabulary has none
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog_cache: dict[int, bool] = {}
 
@@ -404,7 +405,7 @@ class Batch(_Owned):
                 raise LlamaError(f"embedding of width {row.size} rejected by the batch")
         if i < 0:
             raise LlamaError(_ADD_ERRORS.get(i, f"could not add embedding ({i})").format(token=token))
-        self._pos[:] = [pos] * 4
+        self._pos[:] = [pos, pos, pos, 0]  # M-RoPE drafts read 4 positions per embedding
         C.llama_batch_ext_set_pos(self.ptr, i, self._pos)
         if output:
             C.llama_batch_ext_set_output_logits(self.ptr, i, True)

@@ -30,7 +30,7 @@ _CORPUS = (
 
 @dataclass(frozen=True)
 class QwenShape:
-    n_layer: int = 2
+    n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
     n_head_kv: int = 2
@@ -175,3 +175,133 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
 
 def bigger(shape: QwenShape = QwenShape(), **changes) -> QwenShape:
     return replace(shape, **changes)
+
+
+# --------------------------------------------------------------------------------------
+# Hidden-state drafts for a synthetic qwen3 target (draft-formats.md §3.2, §3.3, §7.2)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    n_layer: int = 1
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_embd: int = 64  # eagle3 only: dflash drafts must match the target's width
+    markov_rank: int = 32
+
+
+def _draft_writer(path: Path, arch: str, shape: DraftShape, n_embd: int, target: QwenShape):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"synthetic-{arch}")
+    w.add_context_length(target.n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_file_type(0)
+    n_vocab = add_tokenizer(w, target.n_merges)  # the target's tokenizer, byte for byte
+    return w, n_vocab
+
+
+def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
+    for k, v in tensors.items():
+        if v.dtype == np.int64:
+            import gguf
+
+            w.add_tensor(k, v, raw_dtype=gguf.GGMLQuantizationType.I64)
+        else:
+            w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
+                 seed: int = 10, own_head: bool = True) -> Path:
+    """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading 3 target layer inputs."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    w, n_vocab = _draft_writer(tmp, "eagle3", shape, shape.n_embd, target)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_array("eagle3.target_layers", [int(x) for x in layers])
+    w.add_uint32("eagle3.target_hidden_size", target.n_embd)
+    w.add_bool("eagle3.norm_before_residual", False)
+    rng = np.random.default_rng(seed)
+    H, Ht, hd = shape.n_embd, target.n_embd, shape.head_dim
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"fc.weight": mat(H, len(layers) * Ht), "output_norm.weight": norm(H),
+         "blk.0.attn_norm.weight": norm(H), "blk.0.attn_norm_2.weight": norm(H),
+         "blk.0.attn_q.weight": mat(shape.n_head * hd, 2 * H),
+         "blk.0.attn_k.weight": mat(shape.n_head_kv * hd, 2 * H),
+         "blk.0.attn_v.weight": mat(shape.n_head_kv * hd, 2 * H),
+         "blk.0.attn_output.weight": mat(H, shape.n_head * hd),
+         "blk.0.ffn_norm.weight": norm(H), "blk.0.ffn_gate.weight": mat(shape.n_ff, H),
+         "blk.0.ffn_up.weight": mat(shape.n_ff, H), "blk.0.ffn_down.weight": mat(H, shape.n_ff)}
+    if own_head:
+        t["token_embd.weight"] = mat(n_vocab, H, 1.0)
+        t["output.weight"] = mat(n_vocab, H)
+    return _finish(w, t, tmp, path)
+
+
+def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
+                 seed: int = 20, block_size: int = 8, own_head: bool = True, markov: bool = False,
+                 confidence: bool = False, sample_from_anchor: bool | None = None) -> Path:
+    """A DFlash draft (arch `dflash`), or with `markov=True` a DSpark one (Markov head, and a
+    confidence head with `confidence=True`). Its width is the target's (draft-formats.md §1.5)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    H, hd = target.n_embd, shape.head_dim
+    w, n_vocab = _draft_writer(tmp, "dflash", shape, H, target)
+    w.add_array("dflash.target_layers", [int(x) for x in layers])
+    w.add_uint32("dflash.block_size", block_size)
+    if sample_from_anchor is not None:
+        w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
+    if markov:
+        w.add_bool("dflash.has_confidence_head", confidence)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"fc.weight": mat(H, len(layers) * H), "enc.output_norm.weight": norm(H), "output_norm.weight": norm(H)}
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": norm(H), p + "attn_q.weight": mat(shape.n_head * hd, H),
+                  p + "attn_k.weight": mat(shape.n_head_kv * hd, H), p + "attn_v.weight": mat(shape.n_head_kv * hd, H),
+                  p + "attn_output.weight": mat(H, shape.n_head * hd), p + "attn_q_norm.weight": norm(hd),
+                  p + "attn_k_norm.weight": norm(hd), p + "ffn_norm.weight": norm(H),
+                  p + "ffn_gate.weight": mat(shape.n_ff, H), p + "ffn_up.weight": mat(shape.n_ff, H),
+                  p + "ffn_down.weight": mat(H, shape.n_ff)})
+    if own_head:
+        t["token_embd.weight"] = mat(n_vocab, H, 1.0)
+        t["output.weight"] = mat(n_vocab, H)
+    if markov:
+        R = shape.markov_rank
+        t["markov_w1.weight"] = mat(n_vocab, R, 1.0)
+        t["markov_w2.weight"] = mat(n_vocab, R)
+        if confidence:
+            t["conf_proj.weight"] = mat(1, H + R)
+            t["conf_proj.bias"] = np.array([0.5], dtype=np.float32)
+    return _finish(w, t, tmp, path)

@@ -39,20 +39,50 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
-KINDS = ("model", "ngram")
+KINDS = ("model", "ngram", "eagle3", "dflash", "dspark")
 
 
-def make_drafter(spec: str, target, **options) -> Drafter:
-    """Build a drafter for `target` from a CLI-style spec: 'ngram' or a path to a draft GGUF."""
+def detect_kind(info) -> str:
+    """The kind a draft GGUF serves as: eagle3, dflash, dspark (a Markov head), or model."""
+    if info.arch == "eagle3":
+        return "eagle3"
+    if info.arch == "dflash":
+        return "dspark" if info.has_tensor("markov_w1.weight") else "dflash"
+    return "model"
+
+
+def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8, n_threads: int | None = None,
+                 n_gpu_layers: int | None = None, p_min: float = 0.0, n_min: int = 0, **options) -> Drafter:
+    """Build a drafter for `target` from a CLI-style spec: 'ngram' or a path to a draft GGUF.
+    `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
     from ..errors import UserError
+    from ..ggufinfo import read_gguf
 
-    if spec == "ngram":
+    if spec == "ngram" or kind == "ngram":
         from .ngram import NgramDrafter
 
         return NgramDrafter(ngram_min=options.get("ngram_min", 2), ngram_max=options.get("ngram_max", 4))
-    if spec.endswith(".gguf") or os.path.exists(spec):
+    if not (spec.endswith(".gguf") or os.path.exists(spec)):
+        raise UserError(f"unknown --draft {spec!r}: give a draft GGUF file (path ending in .gguf) or 'ngram'")
+    if kind is not None and kind not in KINDS:
+        raise UserError(f"unknown --draft-kind {kind!r}: use one of {', '.join(KINDS)}")
+    info = read_gguf(spec, "draft")
+    detected = detect_kind(info)
+    kind = kind or detected
+    allowed = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"}}
+    if kind not in allowed[detected]:
+        raise UserError(f"draft {info.path.name} is a {detected} draft (arch {info.arch}); it cannot run as "
+                        f"--draft-kind {kind}")
+    common = dict(n_threads=n_threads, p_min=p_min, n_min=n_min,
+                  n_gpu_layers=target.n_gpu_layers if n_gpu_layers is None else n_gpu_layers)
+    if kind == "model":
         from .model import ModelDrafter
 
-        return ModelDrafter(spec, target, n_gpu_layers=options.get("n_gpu_layers_draft", target.n_gpu_layers),
-                            n_threads=options.get("n_threads"), p_min=options.get("p_min", 0.0))
-    raise UserError(f"unknown --draft {spec!r}: give a draft GGUF file (path ending in .gguf) or 'ngram'")
+        return ModelDrafter(info, target, **common)
+    if kind == "eagle3":
+        from .eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(info, target, **common)
+    from .dflash import DFlashDrafter
+
+    return DFlashDrafter(info, target, kind, draft_max=draft_max, **common)

@@ -12,15 +12,14 @@ import numpy as np
 
 from .. import native
 from ..compat import check_shared_vocab
-from ..ggufinfo import read_gguf
 
 
 class ModelDrafter:
     kind = "model"
 
-    def __init__(self, path, target, n_gpu_layers: int = 0, n_threads: int | None = None,
+    def __init__(self, info, target, n_gpu_layers: int = 0, n_threads: int | None = None,
                  p_min: float = 0.0, n_min: int = 0):
-        self.info = read_gguf(path, "draft")
+        self.info = info
         check_shared_vocab(target.info, self.info)  # before llama.cpp touches the pair
         self.p_min, self.n_min = float(p_min), int(n_min)
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)

@@ -1,0 +1,72 @@
+"""`dflash` and `dspark`: block drafters that denoise a whole block in one pass.
+
+Target features are injected into the draft's KV cache at the target positions
+(`process`); drafting decodes one non-causal block [id_last, mask, mask, ...] at pos0 and
+reads a draft token from every slot. Two slot rules (draft-formats.md §1.4):
+in-place (z-lab DFlash: slots 1..n, block n+1 long) and sample-from-anchor (DSpark and
+every DeepSpec file: slots 0..n-1, block n long). DSpark's Markov head runs in the graph;
+its confidence head can cut the draft short (`p_min`). Mirrors spec.cpp:940-1330.
+"""
+
+from __future__ import annotations
+
+from .hidden import HiddenStateDrafter, top10_prob
+
+
+class DFlashDrafter(HiddenStateDrafter):
+    def __init__(self, info, target, kind: str, draft_max: int = 8, **options):
+        self.kind = kind
+        super().__init__(info, target, **options)
+        meta = self.model.meta
+        self.block_size = int(meta("dflash.block_size") or 16)
+        anchor_key = meta("dflash.sample_from_anchor")
+        # llama.cpp: DSpark defaults to sample-from-anchor; an explicit key decides for a
+        # markov-less file too (DeepSpec DFlash files carry true, spec.cpp reads slots 1.. for
+        # them unless run as draft-dspark).
+        self.sample_from_anchor = (anchor_key != "false") if kind == "dspark" else (anchor_key == "true")
+        self.mask = self.model.mask
+        n_cap = self.block_size if self.sample_from_anchor else self.block_size - 1
+        self.n_max = min(int(draft_max), n_cap)
+        self.ctx.set_embeddings_nextn(True, True)  # masked: one nextn (confidence) row per output
+        self.ctx.set_causal(meta("dflash.attention.causal") == "true")
+        self.n_embd = self.model.n_embd
+
+    def describe(self) -> str:
+        rule = "sample-from-anchor" if self.sample_from_anchor else "in-place"
+        return super().describe() + f", block {self.block_size}, {rule} slots"
+
+    def process(self, tokens, pos0: int) -> None:
+        feats = self.features(len(tokens))
+        ctx, b = self.ctx, self.batch
+        for start in range(0, len(tokens), ctx.n_ubatch):
+            b.clear()
+            for i in range(start, min(start + ctx.n_ubatch, len(tokens))):
+                b.add_embedding(feats[i], pos0 + i)  # writes K/V at the token's own position
+            ctx.decode(b)
+
+    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+        # The block length follows the configured n_max, not this round's cap: attention in
+        # the block is non-causal, so its length changes every slot's prediction. The engine
+        # truncates to the cap.
+        n_block = self.n_max + (0 if self.sample_from_anchor else 1)
+        n_block = min(n_block, self.ctx.n_ctx - pos0)
+        if n_block < 1 + (0 if self.sample_from_anchor else 1):
+            return []
+        ctx, b = self.ctx, self.batch
+        b.clear()
+        for i in range(n_block):
+            b.add_token(id_last if i == 0 else self.mask, pos0 + i, True)
+        ctx.decode(b)
+        conf = None
+        if self.kind == "dspark" and self.p_min > 0:
+            conf = ctx.embeddings_nextn(n_block, self.n_embd)[:, 0]
+        out: list[int] = []
+        for i in range(0 if self.sample_from_anchor else 1, n_block):
+            if conf is not None and conf[i] < self.p_min:
+                break
+            logits = ctx.logits(i)
+            tok = int(logits.argmax())
+            if self.kind == "dflash" and self.p_min > 0 and top10_prob(logits, tok) < self.p_min:
+                break
+            out.append(tok)
+        return out if len(out) >= self.n_min else []

@@ -1,0 +1,97 @@
+"""`eagle3`: an EAGLE-3 head that drafts token by token from the target's hidden states.
+
+After every target decode the three target layer inputs of each token are encoded (`fc`)
+into one row g per token; the one-layer decoder's KV cell at position P is built from the
+pair (token at P+1, g_P). The token at P+1 of the batch's last position is not known yet,
+so every `process` leaves one cell unwritten and remembers it (the deferred boundary):
+the next prefill chunk completes it (bridge), or the next draft's seed step does, with
+id_last. `accept` moves the boundary back to the last committed position.
+Mirrors spec.cpp:486-876 (runtime-protocol.md §2.2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native
+from .hidden import HiddenStateDrafter, top10_prob
+
+
+class Eagle3Drafter(HiddenStateDrafter):
+    kind = "eagle3"
+
+    def __init__(self, info, target, **options):
+        super().__init__(info, target, **options)
+        self.n_embd_dec = self.model.n_embd
+        self.ctx.set_embeddings_nextn(True, True)  # encoder output g, decoder pre-norm state h
+        self.enc_batch = native.Batch(self.ctx)  # embedding rows of encoder width only
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.pending_pos = -1
+        self.pending_g = np.zeros(self.n_embd_dec, dtype=np.float32)
+        self.verify_g = self.pending_g[None, :]
+        self.verify_pos_first = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self._reset_state()
+
+    def _encode(self, feats: np.ndarray) -> np.ndarray:
+        """g rows for feature rows, in chunks of n_ubatch (the encoder ignores positions, but
+        llama.cpp still wants them to continue the draft's cache)."""
+        ctx, b = self.ctx, self.enc_batch
+        out = np.empty((len(feats), self.n_embd_dec), dtype=np.float32)
+        for start in range(0, len(feats), ctx.n_ubatch):
+            chunk = feats[start:start + ctx.n_ubatch]
+            pos = ctx.pos_max() + 1
+            b.clear()
+            for j, row in enumerate(chunk):
+                b.add_embedding(row, pos + j, True)
+            ctx.encode(b)
+            out[start:start + len(chunk)] = ctx.embeddings_nextn(len(chunk), self.n_embd_dec)
+        return out
+
+    def process(self, tokens, pos0: int) -> None:
+        n = len(tokens)
+        g = self._encode(self.features(n))
+        ctx, b = self.ctx, self.batch
+        b.clear()
+        if self.pending_pos >= 0 and self.pending_pos + 1 == pos0 and self.pending_pos > ctx.pos_max():
+            b.add_embedding(self.pending_g, self.pending_pos, token=tokens[0])  # the bridge
+        for k in range(n - 1):
+            b.add_embedding(g[k], pos0 + k, token=tokens[k + 1])
+        if b.n_tokens:
+            ctx.decode(b)
+        self.verify_pos_first, self.pending_pos = pos0, pos0 + n - 1
+        self.verify_g, self.pending_g = g, g[n - 1].copy()
+
+    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+        ctx, b = self.ctx, self.batch
+        pos = self.pending_pos
+        ctx.seq_rm(pos)
+        b.clear().add_embedding(self.pending_g, pos, True, token=id_last)
+        ctx.decode(b)
+        out: list[int] = []
+        while True:
+            logits = ctx.logits(0)
+            tok = int(logits.argmax())
+            if self.p_min > 0 and top10_prob(logits, tok) < self.p_min:
+                break
+            h = ctx.embeddings_nextn_ith(0, self.n_embd_dec)
+            out.append(tok)
+            if len(out) >= n_max:
+                break
+            b.clear().add_embedding(h, pos + len(out), True, token=tok)
+            ctx.decode(b)
+        return out if len(out) >= self.n_min else []
+
+    def accept(self, n_accepted: int) -> None:
+        r = min(n_accepted, len(self.verify_g) - 1)
+        self.pending_pos = self.verify_pos_first + r
+        self.pending_g = self.verify_g[r].copy()
+
+    def close(self) -> None:
+        if getattr(self, "enc_batch", None) is not None:
+            self.enc_batch.close()
+        super().close()

@@ -1,0 +1,72 @@
+"""What eagle3, dflash and dspark drafts share: a draft context linked to the target
+(`ctx_other`, which lends the target's embeddings and head when the draft has none), the
+target's layer-input extraction switched on for the draft's layer ids, and features
+gathered after every target decode (runtime-protocol.md §2.2-2.4)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native
+from ..compat import check_hidden_state_pair
+
+
+class HiddenStateDrafter:
+    kind = "hidden"
+
+    def __init__(self, info, target, n_threads: int | None = None, n_gpu_layers: int = 0,
+                 p_min: float = 0.0, n_min: int = 0):
+        check_hidden_state_pair(target.info, info, self.kind, p_min)  # before llama.cpp sees the pair
+        self.info, self.target = info, target
+        self.p_min, self.n_min = float(p_min), int(n_min)
+        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        try:
+            self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
+                                      n_threads=n_threads, ctx_other=target.ctx)
+            self.batch = native.Batch(self.ctx)
+        except BaseException:
+            self.close()
+            raise
+        self.layer_ids = self.model.target_layer_ids or list(info.target_layers)
+        # Must happen before the target's first decode: the prompt's features are needed.
+        for lid in self.layer_ids:
+            target.ctx.set_layer_input(lid, True)
+
+    def features(self, n_rows: int) -> np.ndarray:
+        """[n_rows, K * n_embd_target]: the target layer inputs of the last target decode,
+        one row per batch entry, layers side by side in the draft's order."""
+        tctx = self.target.ctx
+        return np.concatenate([tctx.layer_input(lid, n_rows) for lid in self.layer_ids], axis=1)
+
+    def describe(self) -> str:
+        return (f"{self.kind} draft {self.info.path.name} reading target layers {self.layer_ids}"
+                f"{' (own head)' if self.info.has_tensor('output.weight') else ' (target head)'}")
+
+    def reset(self) -> None:
+        self.ctx.clear()
+
+    def begin(self, history) -> None:
+        pass
+
+    def rollback(self, pos: int) -> None:
+        self.ctx.seq_rm(pos)
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        target = getattr(self, "target", None)
+        if target is not None and not target.ctx.closed:
+            for lid in getattr(self, "layer_ids", []):
+                target.ctx.set_layer_input(lid, False)
+        for name in ("batch", "ctx", "model"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+
+
+def top10_prob(logits: np.ndarray, tok: int) -> float:
+    """llama.cpp's draft confidence: softmax over the 10 best logits (not the whole vocab)."""
+    top = np.partition(logits, -10)[-10:]
+    top = np.exp(top - top.max())
+    return float(np.exp(logits[tok] - logits.max()) / top.sum())
