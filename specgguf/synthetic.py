@@ -136,9 +136,30 @@ def qwen3_weights(shape: QwenShape, n_vocab: int, seed: int) -> dict[str, np.nda
     return w
 
 
+def successor(n_vocab: int) -> np.ndarray:
+    """The "counting" next-token map: t -> t+1 over the ordinary tokens, wrapping to 0 before
+    the special tokens (so a counting model never emits end-of-generation)."""
+    n_plain = n_vocab - len(SPECIALS)
+    succ = np.zeros(n_vocab, dtype=np.int64)
+    succ[:n_plain] = (np.arange(n_plain) + 1) % n_plain
+    return succ
+
+
+def head_for(embeddings: np.ndarray, next_of: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Output rows such that argmax(head . e_t) = next_of[t] for (near-orthogonal) rows e_t."""
+    head = np.zeros_like(embeddings)
+    np.add.at(head, next_of, embeddings)
+    return (head * scale / np.sqrt(embeddings.shape[1])).astype(np.float32)
+
+
 def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: float = 0.0,
-                perturb_seed: int = 1, name: str = "synthetic-qwen3") -> Path:
-    """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft)."""
+                perturb_seed: int = 1, name: str = "synthetic-qwen3", counting: bool = False) -> Path:
+    """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft).
+
+    counting=True makes a predictable target: small layer outputs and a head that maps each
+    token to its successor (see `successor`), so greedy text counts through the vocabulary
+    except where the layers tip a near-tie. Drafts built to know that rule (write_eagle3 /
+    write_dflash with counting=True) then get real, partial acceptance in tests."""
     import gguf
 
     path = Path(path)
@@ -158,6 +179,11 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
     writer.add_file_type(0)
     n_vocab = add_tokenizer(writer, shape.n_merges)
     weights = qwen3_weights(shape, n_vocab, seed)
+    if counting:
+        weights["output.weight"] = head_for(weights["token_embd.weight"], successor(n_vocab), 4.0)
+        for k in weights:
+            if k.endswith(("attn_output.weight", "ffn_down.weight")):
+                weights[k] *= 0.05
     if perturb > 0:
         rng = np.random.default_rng(perturb_seed)
         for k, v in weights.items():
@@ -230,8 +256,13 @@ def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
 
 
 def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
-                 seed: int = 10, own_head: bool = True) -> Path:
-    """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading 3 target layer inputs."""
+                 seed: int = 10, own_head: bool = True, counting_target_seed: int | None = None) -> Path:
+    """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading 3 target layer inputs.
+
+    counting_target_seed: the seed of a counting target (write_qwen3(counting=True)); the
+    draft then passes the target's features straight through (fc averages the layers,
+    attention and MLP add nothing) and its head predicts the successor of the successor,
+    which is right for the first draft token of a round: real partial acceptance."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     w, n_vocab = _draft_writer(tmp, "eagle3", shape, shape.n_embd, target)
@@ -259,14 +290,26 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
     if own_head:
         t["token_embd.weight"] = mat(n_vocab, H, 1.0)
         t["output.weight"] = mat(n_vocab, H)
+    if counting_target_seed is not None:
+        assert H == Ht, "a counting eagle3 draft passes target features through: equal widths"
+        emb = qwen3_weights(target, n_vocab, counting_target_seed)["token_embd.weight"]
+        succ = successor(n_vocab)
+        t["fc.weight"] = np.tile(np.eye(H, dtype=np.float32), (1, len(layers))) / len(layers)
+        t["blk.0.attn_output.weight"][:] = 0
+        t["blk.0.ffn_down.weight"][:] = 0
+        t["token_embd.weight"] = emb
+        t["output.weight"] = head_for(emb, succ[succ], 4.0)
     return _finish(w, t, tmp, path)
 
 
 def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
                  seed: int = 20, block_size: int = 8, own_head: bool = True, markov: bool = False,
-                 confidence: bool = False, sample_from_anchor: bool | None = None) -> Path:
+                 confidence: bool = False, sample_from_anchor: bool | None = None, counting: bool = False) -> Path:
     """A DFlash draft (arch `dflash`), or with `markov=True` a DSpark one (Markov head, and a
-    confidence head with `confidence=True`). Its width is the target's (draft-formats.md §1.5)."""
+    confidence head with `confidence=True`). Its width is the target's (draft-formats.md §1.5).
+
+    counting=True (with markov=True): the Markov head encodes the counting target's
+    successor rule and outweighs the draft's own logits, so the chained slots count too."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     H, hd = target.n_embd, shape.head_dim
@@ -301,6 +344,10 @@ def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
         R = shape.markov_rank
         t["markov_w1.weight"] = mat(n_vocab, R, 1.0)
         t["markov_w2.weight"] = mat(n_vocab, R)
+        if counting:
+            t["markov_w2.weight"] = head_for(t["markov_w1.weight"], successor(n_vocab), 40.0)
+            if "output.weight" in t:
+                t["output.weight"] *= 0.01
         if confidence:
             t["conf_proj.weight"] = mat(1, H + R)
             t["conf_proj.bias"] = np.array([0.5], dtype=np.float32)
