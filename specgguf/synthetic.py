@@ -88,9 +88,14 @@ def train_bpe(n_merges: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def add_tokenizer(writer, n_merges: int) -> int:
-    """Write the tokenizer keys; returns the vocabulary size."""
+def add_tokenizer(writer, n_merges: int, mask: bool = True, swap: tuple[int, int] | None = None) -> int:
+    """Write the tokenizer keys; returns the vocabulary size. `mask=False` omits the mask
+    token id and `swap` exchanges two token texts (same size, other vocabulary): both exist
+    to test that mismatched pairs are refused."""
     tokens, merges = train_bpe(n_merges)
+    if swap is not None:
+        a, b = swap
+        tokens[a], tokens[b] = tokens[b], tokens[a]
     types = [1] * len(tokens) + [3] * len(SPECIALS)  # 1 normal, 3 control
     tokens = tokens + SPECIALS
     writer.add_tokenizer_model("gpt2")
@@ -102,7 +107,8 @@ def add_tokenizer(writer, n_merges: int) -> int:
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
-    writer.add_mask_token_id(tokens.index("<|mask|>"))
+    if mask:
+        writer.add_mask_token_id(tokens.index("<|mask|>"))
     return len(tokens)
 
 
@@ -153,7 +159,8 @@ def head_for(embeddings: np.ndarray, next_of: np.ndarray, scale: float = 1.0) ->
 
 
 def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: float = 0.0,
-                perturb_seed: int = 1, name: str = "synthetic-qwen3", counting: bool = False) -> Path:
+                perturb_seed: int = 1, name: str = "synthetic-qwen3", counting: bool = False,
+                tokenizer: dict | None = None) -> Path:
     """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft).
 
     counting=True makes a predictable target: small layer outputs and a head that maps each
@@ -177,7 +184,7 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_file_type(0)
-    n_vocab = add_tokenizer(writer, shape.n_merges)
+    n_vocab = add_tokenizer(writer, shape.n_merges, **(tokenizer or {}))
     weights = qwen3_weights(shape, n_vocab, seed)
     if counting:
         weights["output.weight"] = head_for(weights["token_embd.weight"], successor(n_vocab), 4.0)
@@ -219,7 +226,7 @@ class DraftShape:
     markov_rank: int = 32
 
 
-def _draft_writer(path: Path, arch: str, shape: DraftShape, n_embd: int, target: QwenShape):
+def _draft_writer(path: Path, arch: str, shape: DraftShape, n_embd: int, target: QwenShape, tokenizer=None):
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -235,7 +242,7 @@ def _draft_writer(path: Path, arch: str, shape: DraftShape, n_embd: int, target:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0)
     w.add_file_type(0)
-    n_vocab = add_tokenizer(w, target.n_merges)  # the target's tokenizer, byte for byte
+    n_vocab = add_tokenizer(w, target.n_merges, **(tokenizer or {}))  # the target's tokenizer
     return w, n_vocab
 
 
@@ -256,7 +263,8 @@ def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
 
 
 def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
-                 seed: int = 10, own_head: bool = True, counting_target_seed: int | None = None) -> Path:
+                 seed: int = 10, own_head: bool = True, counting_target_seed: int | None = None,
+                 target_hidden_size: int | None = None, tokenizer: dict | None = None) -> Path:
     """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading 3 target layer inputs.
 
     counting_target_seed: the seed of a counting target (write_qwen3(counting=True)); the
@@ -265,13 +273,13 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
     which is right for the first draft token of a round: real partial acceptance."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    w, n_vocab = _draft_writer(tmp, "eagle3", shape, shape.n_embd, target)
+    w, n_vocab = _draft_writer(tmp, "eagle3", shape, shape.n_embd, target, tokenizer)
     w.add_rope_dimension_count(shape.head_dim)
     w.add_array("eagle3.target_layers", [int(x) for x in layers])
-    w.add_uint32("eagle3.target_hidden_size", target.n_embd)
+    w.add_uint32("eagle3.target_hidden_size", target_hidden_size or target.n_embd)
     w.add_bool("eagle3.norm_before_residual", False)
     rng = np.random.default_rng(seed)
-    H, Ht, hd = shape.n_embd, target.n_embd, shape.head_dim
+    H, Ht, hd = shape.n_embd, target_hidden_size or target.n_embd, shape.head_dim
 
     def mat(rows, cols, scale=None):
         return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
@@ -304,7 +312,8 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
 
 def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
                  seed: int = 20, block_size: int = 8, own_head: bool = True, markov: bool = False,
-                 confidence: bool = False, sample_from_anchor: bool | None = None, counting: bool = False) -> Path:
+                 confidence: bool = False, sample_from_anchor: bool | None = None, counting: bool = False,
+                 tokenizer: dict | None = None) -> Path:
     """A DFlash draft (arch `dflash`), or with `markov=True` a DSpark one (Markov head, and a
     confidence head with `confidence=True`). Its width is the target's (draft-formats.md §1.5).
 
@@ -313,7 +322,7 @@ def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     H, hd = target.n_embd, shape.head_dim
-    w, n_vocab = _draft_writer(tmp, "dflash", shape, H, target)
+    w, n_vocab = _draft_writer(tmp, "dflash", shape, H, target, tokenizer)
     w.add_array("dflash.target_layers", [int(x) for x in layers])
     w.add_uint32("dflash.block_size", block_size)
     if sample_from_anchor is not None:
