@@ -452,3 +452,9 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str,
     if rc != 0:
         raise LlamaError(f"llama_model_quantize failed for {src} -> {ftype} (code {rc}); "
                          "run with --verbose to see why")
+
+
+def library_path() -> str:
+    """The libllama file this process loaded (profiles are keyed by it: a rebuilt library,
+    CPU or GPU, has other costs)."""
+    return getattr(_lib, "_name", "") or ""
