@@ -6,28 +6,35 @@ the prompt minus its last token is prefilled without outputs, and every round ve
 [id_last, d1..dn] with the target. With no drafter the very same loop runs with n = 0,
 which is plain decoding: the fair baseline.
 
-Greedy verification: the target's arg-max at each position; a draft token is accepted
-while it equals it (an end-of-generation token ends acceptance, `sampling.cpp:687-699`).
+Verification is `verify.py`'s: greedy (the target's arg-max at each position; a draft token
+is accepted while it equals it, an end-of-generation token ends acceptance,
+`sampling.cpp:687-699`) unless `SamplingParams` ask for temperature or penalties; then the
+target's logits go through `Sampler.probs` and the `exact` or `ratio` rule decides.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Iterator
 
 from .errors import UserError
+from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
+from .verify import exact as accept_exact, greedy as accept_greedy, ratio as accept_ratio
 
 
 class Engine:
-    """A target plus an optional drafter; `generate()` yields the target's greedy tokens."""
+    """A target plus an optional drafter; `generate()` yields the target's tokens (greedy by
+    default; sampled, with the same distribution as plain sampling, given `SamplingParams`)."""
 
     def __init__(self, target, drafter=None, draft_max: int = 8):
         if draft_max < 1:
             raise UserError(f"--draft-max must be at least 1 (got {draft_max})")
         self.target, self.drafter, self.draft_max = target, drafter, int(draft_max)
 
-    def generate(self, prompt_tokens: list[int], max_tokens: int = 256) -> "Generation":
+    def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
+                 sampling: SamplingParams | None = None) -> "Generation":
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
             raise UserError("the prompt is empty: give some text with --prompt")
@@ -36,7 +43,9 @@ class Engine:
                             "shorten the prompt or raise --ctx")
         if max_tokens < 0:
             raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
-        return Generation(self, list(prompt_tokens), int(max_tokens))
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
+        return Generation(self, list(prompt_tokens), int(max_tokens), sampling)
 
 
 class Generation:
@@ -46,8 +55,13 @@ class Generation:
     "length" (max_tokens reached), "context" (the context window is full).
     """
 
-    def __init__(self, engine: Engine, prompt: list[int], max_tokens: int):
+    def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
+        # None: plain greedy, the hot path that touches no probability vector at all
+        plain = sampling is None or (sampling.greedy and not sampling.penalized)
+        self.sampler = None if plain else Sampler(sampling)
+        self._drafter_samples = self.sampler is not None and engine.drafter is not None \
+            and _takes_sampler(engine.drafter)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
@@ -83,6 +97,32 @@ class Generation:
             drafter.begin(body)
         self.stats.prefill_s = time.perf_counter() - t0
 
+    def _draft(self, history, id_last: int, pos0: int, n_max: int):
+        """(draft tokens, their q vectors or None = point masses), cut to this round's cap."""
+        drafter, sampler = self.engine.drafter, self.sampler
+        if not self._drafter_samples:
+            return drafter.draft(history, id_last, pos0, n_max)[:n_max], None
+        draft = drafter.draft(history, id_last, pos0, n_max, sampler=sampler)[:n_max]
+        qs = getattr(drafter, "last_q", None)
+        if qs is not None:
+            if len(qs) < len(draft):
+                raise RuntimeError(f"{drafter.kind} drafter gave {len(qs)} q vectors for {len(draft)} tokens")
+            qs = qs[:len(draft)]
+        return draft, qs
+
+    def _verify(self, history, id_last: int, draft: list[int], qs) -> list[int]:
+        """Sampled (or penalised greedy) acceptance over the target's logits of this round."""
+        sampler, ctx, is_eog = self.sampler, self.engine.target.ctx, self.engine.target.model.is_eog
+        # position i sees the text up to d_i: the window the penalties count over
+        recent = sampler.window(history, id_last)
+        rule = sampler.params.rule
+        if rule == "greedy":
+            return accept_greedy(lambda i: sampler.argmax(ctx.logits(i), recent + draft[:i]), draft, is_eog)
+        p_at = lambda i: sampler.probs(ctx.logits(i), recent + draft[:i])  # noqa: E731
+        if rule == "exact":
+            return accept_exact(p_at, draft, sampler.rng, is_eog)
+        return accept_ratio(p_at, qs, draft, sampler.rng, is_eog)
+
     def _run(self) -> Iterator[int]:
         engine, stats = self.engine, self.stats
         target, drafter = engine.target, engine.drafter
@@ -104,7 +144,7 @@ class Generation:
                 # draft: as llama-speculative-simple, cap by the context and the token budget
                 t0 = clock()
                 n_max = min(engine.draft_max, ctx.n_ctx - pos0 - 2, left - 1)
-                draft = drafter.draft(history, id_last, pos0, n_max)[:n_max] if drafter and n_max > 0 else []
+                draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
                 if drafter is not None:
                     drafter.rollback(pos0)
                 t1 = clock()
@@ -112,12 +152,10 @@ class Generation:
                 verify = [id_last, *draft]
                 batch.clear().add_tokens(verify, pos0, "all")
                 ctx.decode(batch)
-                ids = []
-                for i in range(len(verify)):
-                    tok = ctx.argmax(i)
-                    ids.append(tok)
-                    if i == len(draft) or tok != draft[i] or model.is_eog(tok):
-                        break
+                if self.sampler is None:
+                    ids = accept_greedy(ctx.argmax, draft, model.is_eog)
+                else:
+                    ids = self._verify(history, id_last, draft, qs)
                 t2 = clock()
                 if drafter is not None:
                     drafter.process(verify, pos0)
@@ -144,3 +182,13 @@ class Generation:
             stats.decode_s = clock() - t_start
             if self.finish_reason is None:
                 self.finish_reason = "stop"
+
+
+
+def _takes_sampler(drafter) -> bool:
+    """Whether `drafter.draft` accepts `sampler=` (a kind that does not drafts greedily,
+    which `ratio` handles as point masses)."""
+    try:
+        return "sampler" in inspect.signature(drafter.draft).parameters
+    except (TypeError, ValueError):
+        return False

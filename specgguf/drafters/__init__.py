@@ -11,6 +11,21 @@ The engine calls, per generation and per round (runtime-protocol.md §1):
 
 `history` holds the tokens already in the target's KV cache (prompt and output so far);
 `id_last` is the newest token, not yet in the cache, at position `pos0`.
+
+Sampling (`verify.py`'s `ratio` rule needs the distribution each token was drafted from):
+
+    draft(..., sampler=None)          when sampling, the engine passes a `sampling.Sampler`;
+                                      pick each token with `tok, q = sampler.propose(logits,
+                                      sampler.window(history, id_last) + drafted_so_far)`
+    last_q                            after draft(): one q per returned token (the full-vocab
+                                      vector it was drawn from, or None for a point mass), or
+                                      None when every token was picked deterministically
+
+A kind whose draft() takes no `sampler` keeps drafting as it does, and `ratio` treats its
+tokens as point masses (acceptance p(d), residual p without d): still exact, only less
+accepted. Never stop or discard a draft because of a token you drew: decide on the draft's
+own top candidate first (see ModelDrafter's p_min), or the q you report is not the one the
+tokens came from.
 """
 
 from __future__ import annotations
@@ -28,7 +43,7 @@ class Drafter(Protocol):
 
     def process(self, tokens: Sequence[int], pos0: int) -> None: ...
 
-    def draft(self, history: Sequence[int], id_last: int, pos0: int, n_max: int) -> list[int]: ...
+    def draft(self, history: Sequence[int], id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]: ...
 
     def rollback(self, pos: int) -> None: ...
 

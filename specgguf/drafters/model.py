@@ -16,6 +16,7 @@ from ..compat import check_shared_vocab
 
 class ModelDrafter:
     kind = "model"
+    last_q = None  # per drafted token, the q it was sampled from (None: greedy, point masses)
 
     def __init__(self, info, target, n_gpu_layers: int = 0, n_threads: int | None = None,
                  p_min: float = 0.0, n_min: int = 0):
@@ -46,22 +47,38 @@ class ModelDrafter:
         b.add_tokens(tokens, pos0, "none")
         self.ctx.decode(b)
 
-    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+    def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
+        """Greedy (llama.cpp's draft-simple) without a sampler; with one, each token comes from
+        `sampler.propose`: sampled from q under the ratio rule (q kept in `last_q`), else the
+        arg-max of the penalised logits."""
         ctx, b = self.ctx, self.batch
         b.clear().add_token(id_last, pos0, True)
         ctx.decode(b)
         out: list[int] = []
+        qs: list = []
+        recent = sampler.window(history, id_last) if sampler is not None else []
+        self.last_q = None
         while True:
             logits = ctx.logits(0)
-            tok = int(logits.argmax())
-            if self.p_min > 0 and _top10_prob(logits, tok) < self.p_min:
+            # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
+            # token would skew the proposals away from the q that `ratio` is told about
+            if self.p_min > 0 and _top10_prob(logits, int(logits.argmax())) < self.p_min:
                 break
+            if sampler is None:
+                tok, q = int(logits.argmax()), None
+            else:
+                tok, q = sampler.propose(logits, recent + out)
             out.append(tok)
+            qs.append(q)
             if len(out) >= n_max:
                 break
             b.clear().add_token(tok, pos0 + len(out), True)
             ctx.decode(b)
-        return out if len(out) >= self.n_min else []
+        if len(out) < self.n_min:
+            return []
+        if sampler is not None and sampler.samples_drafts:
+            self.last_q = qs
+        return out
 
     def rollback(self, pos: int) -> None:
         self.ctx.seq_rm(pos)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 class NgramDrafter:
     kind = "ngram"
+    last_q = None  # a lookup is deterministic: every drafted token is a point mass for `ratio`
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4):
         if not 1 <= ngram_min <= ngram_max:
@@ -44,7 +45,7 @@ class NgramDrafter:
     def process(self, tokens, pos0: int) -> None:
         pass
 
-    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+    def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         if len(history) > len(self._seq):  # learn the tokens committed since the last round
             self._extend(history[len(self._seq):])
         text = self._seq + [id_last]
