@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from .textstream import TextStream
 
-def run_repl(llm, system: str | None = None, max_tokens: int = 512) -> None:
+
+def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=None) -> None:
     fmt = llm.chat_format
     if fmt.is_fallback:
         click.echo(f"note: {llm.target.info.path.name} has no chat template; using the {fmt.name} "
@@ -41,7 +43,8 @@ def run_repl(llm, system: str | None = None, max_tokens: int = 512) -> None:
             click.echo(f"error: the conversation ({len(prompt)} tokens) no longer fits the context "
                        f"({llm.target.n_ctx}); /reset or restart with a larger --ctx", err=True)
             continue
-        gen, text = llm.stream_tokens(prompt, max_tokens, list(fmt.stop))
+        gen = llm.engine.generate(prompt, max_tokens, sampling=sampling)  # SamplingParams or None
+        text = TextStream(gen, llm.target.model, list(fmt.stop))
         try:
             for chunk in text:
                 click.echo(chunk, nl=False)

@@ -86,10 +86,58 @@ def _open(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, **_
                     n_gpu_layers=n_gpu_layers, verbose=verbose)
 
 
+def _sampling_options(f):
+    """Sampler settings (specgguf.sampling.SamplingParams); the defaults decode greedily."""
+    options = [
+        click.option("--temperature", "--temp", "temperature", type=float, default=0.0, show_default=True,
+                     help="Sampling temperature; 0 = greedy (the target's own arg-max)."),
+        click.option("--top-k", type=int, default=0, show_default=True,
+                     help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=1.0, show_default=True,
+                     help="Keep the most likely tokens up to this probability mass (1 = off)."),
+        click.option("--min-p", type=float, default=0.0, show_default=True,
+                     help="Drop tokens below this fraction of the top token's probability (0 = off)."),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True,
+                     help="Penalise tokens seen in the last --penalty-last-n tokens (1 = off)."),
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True),
+        click.option("--penalty-last-n", type=int, default=64, show_default=True,
+                     help="Tokens the penalties look back over (-1 = all, 0 = off)."),
+        click.option("--seed", type=int, default=None, help="Random seed: the same seed, prompt and settings "
+                                                             "give the same output."),
+        click.option("--accept", type=click.Choice(["exact", "ratio"]), default=None,
+                     help="Acceptance rule when sampling: exact (llama.cpp: sample the target, keep a draft "
+                          "token on a match) or ratio (min(1, p/q), residual resampling; the default)."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def _sampling(opts: dict):
+    """SamplingParams from (and removed from) the command's options; bad values: one line."""
+    from .sampling import SamplingParams
+
+    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "penalty_last_n", "seed")
+    values = {n: opts.pop(n) for n in names}
+    return SamplingParams(**values, accept=opts.pop("accept") or "auto")
+
+
+def _stream(llm, tokens, max_tokens, stop, sampling):
+    """(generation, text chunks) like SpecGGUF.stream_tokens, with SamplingParams passed to the
+    engine as they are."""
+    from .textstream import TextStream
+
+    gen = llm.engine.generate(tokens, max_tokens, sampling=sampling)
+    return gen, TextStream(gen, llm.target.model, stop)
+
+
 # -- generate ------------------------------------------------------------------------------
 
 @main.command()
 @_model_options
+@_sampling_options
 @click.option("--prompt", "-p", default=None, help="Prompt text (default: a short demo prompt).")
 @click.option("--max-tokens", "-n", type=int, default=128, show_default=True)
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
@@ -100,10 +148,11 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
     """Generate a completion of PROMPT with TARGET (default: the embedded Gemma 3 270M)."""
     if max_tokens < 0:
         raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
+    sampling = _sampling(opts)  # checked before a model is loaded
     prompt = DEMO_PROMPT if prompt is None else prompt
     with _open(**opts) as llm:
         tokens = llm.tokenize(prompt)
-        gen, text = llm.stream_tokens(tokens, max_tokens, list(stop))
+        gen, text = _stream(llm, tokens, max_tokens, list(stop), sampling)
         for chunk in text:
             if not as_json:
                 click.echo(chunk, nl=False)
@@ -115,7 +164,7 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
         if compare:
             llm.engine.drafter, saved = None, llm.engine.drafter
             try:
-                plain_gen, plain_text = llm.stream_tokens(tokens, max_tokens, list(stop))
+                plain_gen, plain_text = _stream(llm, tokens, max_tokens, list(stop), sampling)
                 "".join(plain_text)
             finally:
                 llm.engine.drafter = saved
@@ -132,22 +181,26 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
             ps = plain_gen.stats
             speed = gen.stats.tokens_per_second / ps.tokens_per_second if ps.tokens_per_second else 0.0
             click.echo(f"[plain] {ps.summary()}", err=True)
+            note = {"ratio": " (ratio sampling keeps the distribution, not the tokens)",
+                    "exact": "" if sampling.seed is not None else " (give --seed to compare token for token)"}
             click.echo(f"speedup {speed:.2f}x; output identical to plain decoding: "
-                       f"{'yes' if plain['identical'] else 'NO'}", err=True)
+                       f"{'yes' if plain['identical'] else 'NO'}{note.get(sampling.rule, '')}", err=True)
 
 
 # -- chat ----------------------------------------------------------------------------------
 
 @main.command()
 @_model_options
+@_sampling_options
 @click.option("--system", default=None, help="A system message.")
 @click.option("--max-tokens", "-n", type=int, default=512, show_default=True)
 def chat(system, max_tokens, **opts):
     """Chat with TARGET in the terminal: /stats, /reset, /exit; Ctrl-C stops an answer."""
     from .chatrepl import run_repl
 
+    sampling = _sampling(opts)
     with _open(**opts) as llm:
-        run_repl(llm, system=system, max_tokens=max_tokens)
+        run_repl(llm, system=system, max_tokens=max_tokens, sampling=sampling)
 
 
 # -- inspect -------------------------------------------------------------------------------

@@ -76,17 +76,17 @@ class SamplingParams:
         for flag, name in (("top-k", "top_k"), ("penalty-last-n", "penalty_last_n")):
             number(flag, getattr(self, name), integer=True)
         if self.temperature < 0:
-            bad("temperature", self.temperature, ">= 0 (0 = greedy)")
+            bad("temperature", self.temperature, ">= 0, 0 = greedy")
         if self.top_k < 0:
-            bad("top-k", self.top_k, ">= 0 (0 = off)")
+            bad("top-k", self.top_k, ">= 0, 0 = off")
         if not 0 < self.top_p <= 1:
-            bad("top-p", self.top_p, "in (0, 1] (1 = off)")
+            bad("top-p", self.top_p, "in (0, 1], 1 = off")
         if not 0 <= self.min_p <= 1:
-            bad("min-p", self.min_p, "in [0, 1] (0 = off)")
+            bad("min-p", self.min_p, "in [0, 1], 0 = off")
         if self.repeat_penalty <= 0:
-            bad("repeat-penalty", self.repeat_penalty, "> 0 (1 = off)")
+            bad("repeat-penalty", self.repeat_penalty, "> 0, 1 = off")
         if self.penalty_last_n < -1:
-            bad("penalty-last-n", self.penalty_last_n, ">= -1 (-1 = the whole text, 0 = off)")
+            bad("penalty-last-n", self.penalty_last_n, ">= -1, -1 = the whole text, 0 = off")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):
             bad("seed", self.seed, "a whole number >= 0")
