@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own speculative loop, `llama-speculative-simple`, from the very llama.cpp
+# that the pinned llama-cpp-python vendors: the C++ baseline that tests/test_parity.py and
+# scripts/bench_vs_cpp.py compare specgguf against.
+#
+# The sources are fetched at run time (pip download of the llama-cpp-python sdist) and the
+# result goes to a cache outside the repository, reused while its stamp matches:
+#
+#   $SPECGGUF_CPP_TOOLS_DIR  (default ${XDG_CACHE_HOME:-$HOME/.cache}/specgguf/llama-cpp-tools/<version>)
+#     bin/llama-speculative-simple
+#     bin/libllama.so, bin/libggml*.so   (shared: specgguf loads these through LLAMA_CPP_LIB_PATH,
+#                                         so both sides run the same bytes of llama.cpp)
+#     stamp
+#
+# CMake options follow llama-cpp-python's own build where they matter for numerics: Release,
+# shared libraries, GGML defaults (GGML_NATIVE on, OpenMP on), plus $CMAKE_ARGS, which is also
+# what `pip install llama-cpp-python` passes (e.g. -DGGML_CUDA=on for a CUDA build).
+# The last line printed is the binary's path.
+#
+# Env: SPECGGUF_CPP_TOOLS_DIR, CMAKE_ARGS, PYTHON (interpreter whose pip downloads; default
+# python3), SPECGGUF_BUILD_JOBS (default 2).
+set -euo pipefail
+
+VERSION=0.3.36
+PYTHON=${PYTHON:-python3}
+JOBS=${SPECGGUF_BUILD_JOBS:-2}
+DEST=${SPECGGUF_CPP_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specgguf/llama-cpp-tools/$VERSION}
+BIN=$DEST/bin/llama-speculative-simple
+
+CMAKE_OPTS=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DBUILD_SHARED_LIBS=ON
+    -DLLAMA_BUILD_COMMON=ON
+    -DLLAMA_BUILD_EXAMPLES=ON
+    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_TOOLS=OFF
+    -DLLAMA_BUILD_SERVER=OFF
+    -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_CURL=OFF
+    -DLLAMA_OPENSSL=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
+    # everything lands in one folder: let binary and libraries find each other there
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
+    "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
+)
+# shellcheck disable=SC2206  # CMAKE_ARGS is a word list by convention (as for pip)
+EXTRA=(${CMAKE_ARGS:-})
+STAMP_TEXT="llama-cpp-python==$VERSION llama-speculative-simple ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
+
+if [[ -x $BIN && -f $DEST/stamp && "$(cat "$DEST/stamp")" == "$STAMP_TEXT" ]]; then
+    echo "cached: $DEST" >&2
+    echo "$BIN"
+    exit 0
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/specgguf-llama-build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+start=$(date +%s)
+
+echo "downloading the llama-cpp-python==$VERSION sdist" >&2
+"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
+tar -xzf "$WORK"/dl/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
+SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
+[[ -f $SRC/examples/speculative-simple/speculative-simple.cpp ]] || {
+    echo "error: no examples/speculative-simple in $SRC" >&2; exit 1; }
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+echo "configuring (${EXTRA[*]:-no CMAKE_ARGS})" >&2
+cmake -S "$SRC" -B "$WORK/build" "${GEN[@]}" "${CMAKE_OPTS[@]}" "${EXTRA[@]}" >"$WORK/configure.log" 2>&1 || {
+    tail -40 "$WORK/configure.log" >&2; exit 1; }
+echo "building llama-speculative-simple with -j$JOBS (many minutes on 2 cores)" >&2
+cmake --build "$WORK/build" --target llama-speculative-simple -j "$JOBS" >"$WORK/build.log" 2>&1 || {
+    tail -60 "$WORK/build.log" >&2; exit 1; }
+
+# install atomically: a half-copied cache must never look complete
+rm -rf "$DEST.tmp"
+mkdir -p "$DEST.tmp/bin"
+cp -a "$WORK/build/bin/llama-speculative-simple" "$DEST.tmp/bin/"
+cp -a "$WORK/build/bin/"lib*.so* "$DEST.tmp/bin/"
+echo "$STAMP_TEXT" >"$DEST.tmp/stamp"
+echo "$(( $(date +%s) - start ))" >"$DEST.tmp/build_seconds"
+rm -rf "$DEST"
+mv "$DEST.tmp" "$DEST"
+echo "built in $(cat "$DEST/build_seconds")s: $DEST" >&2
+echo "$BIN"
