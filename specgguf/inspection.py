@@ -35,6 +35,7 @@ def describe(path, target_path=None) -> list[str]:
             rule = "sample-from-anchor" if (anchor is True or (kind == "dspark" and anchor is not False)) else "in-place"
             extra = ", confidence head" if info.has_tensor("conf_proj.weight") else ""
             lines.append(f"block:        {info.metadata.get('dflash.block_size', 16)} tokens, {rule} slots{extra}")
+    lines.append(f"sampling:     --accept ratio uses {RATIO_Q[kind]}")
     if target_path:
         tgt = read_gguf(target_path, "target")
         try:
@@ -49,6 +50,13 @@ def describe(path, target_path=None) -> list[str]:
             verdict = f"does NOT fit target {tgt.path.name}: {exc}"
         lines.append(f"pairing:      {verdict}")
     return lines
+
+
+# What `--accept ratio` knows of each kind's draft distribution q (tests/test_sampling.py
+# checks it against the drafters' draft() signatures: a kind that takes `sampler` samples).
+_POINT = "point masses (this kind drafts greedily): still exact, acceptance p(draft)"
+RATIO_Q = {"model": "q = the draft's own sampled distribution (same transforms as the target)",
+           "eagle3": _POINT, "dflash": _POINT, "dspark": _POINT}
 
 
 def _head(info) -> str:

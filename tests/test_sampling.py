@@ -200,6 +200,20 @@ def test_ratio_accepts_more_than_exact_with_a_sampling_draft(qwen3_target, qwen3
     assert out["ratio"] > out["exact"], out
 
 
+def test_inspect_says_which_q_ratio_uses():
+    import importlib
+    import inspect as pyinspect
+
+    from specgguf.inspection import RATIO_Q
+
+    classes = {"model": ("model", "ModelDrafter"), "eagle3": ("eagle3", "Eagle3Drafter"),
+               "dflash": ("dflash", "DFlashDrafter"), "dspark": ("dflash", "DFlashDrafter")}
+    for kind, (mod, name) in classes.items():
+        cls = getattr(importlib.import_module(f"specgguf.drafters.{mod}"), name)
+        samples = "sampler" in pyinspect.signature(cls.draft).parameters
+        assert samples == RATIO_Q[kind].startswith("q = the draft's own"), kind
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
@@ -214,6 +228,12 @@ def test_cli_bad_sampling_settings(qwen3_target, args, needle):
 
 def test_cli_chat_bad_sampling_settings(qwen3_target):
     assert_one_line_error(run_cli("chat", qwen3_target, "--top-p", "1.01"), "--top-p")
+
+
+def test_cli_inspect_names_the_ratio_q(qwen3_target):
+    proc = run_cli("inspect", qwen3_target)
+    assert proc.returncode == 0, proc.stderr
+    assert "--accept ratio uses q = the draft's own sampled distribution" in proc.stdout
 
 
 def test_cli_seed_reproducible(qwen3_target):
