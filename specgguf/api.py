@@ -1,14 +1,22 @@
-"""`SpecGGUF`: a target, an optional drafter and the loop, behind one object."""
+"""`SpecGGUF`: a target, an optional drafter and the loop, behind one object.
+
+Three layers, thinnest on top: `generate()`/`stream()` for plain Python use;
+`create_completion()`/`create_chat_completion()` with the dict shapes of llama_cpp.Llama (so an
+app can swap it in); and `prepare()`/`response_chunks()`, the request-level pieces that the
+HTTP server drives from its worker thread.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
-from . import native
+from . import native, params
 from .chat import ChatFormat
 from .drafters import make_drafter
 from .engine import Engine
+from .responses import Shaper, openai_finish_reason
 from .stats import GenerationStats
 from .target import Target
 from .textstream import TextStream
@@ -16,9 +24,11 @@ from .textstream import TextStream
 
 @dataclass
 class Result:
+    """What `generate()` returns: the text, its token ids, why it ended, and the statistics."""
+
     text: str
     tokens: list[int]
-    finish_reason: str
+    finish_reason: str  # "stop", "length" or "context"
     stats: GenerationStats = field(repr=False)
 
     def to_dict(self) -> dict:
@@ -26,15 +36,41 @@ class Result:
                 "stats": self.stats.to_dict()}
 
 
+@dataclass
+class Chunk:
+    """One piece of a `stream()`: text as soon as it is verified; the last chunk (text may be
+    empty) also carries `finish_reason`, all `tokens` and the `stats`."""
+
+    text: str
+    finish_reason: str | None = None
+    tokens: list[int] | None = None
+    stats: GenerationStats | None = field(default=None, repr=False)
+
+
+@dataclass
+class Request:
+    """A checked request, ready to run: prompt tokens, token budget, stop strings, sampling."""
+
+    tokens: list[int]
+    max_tokens: int
+    stop: list[str]
+    sampling: dict
+    chat: bool
+    stream: bool = False
+    model: str | None = None
+
+
 class SpecGGUF:
     """Speculative generation with a GGUF target and an optional draft.
 
     target: path of the target GGUF (None: the embedded Gemma 3 270M default).
-    draft: None (plain decoding), "ngram" (prompt lookup) or a path to a draft GGUF.
+    draft: None (plain decoding), "ngram" (prompt lookup) or a path to a draft GGUF; the kind of
+    a GGUF draft (model, eagle3, dflash, dspark) is read from the file.
     Greedy output equals the target's own greedy output; the draft only changes the speed.
+    Not thread-safe: one generation at a time (the server queues requests for that reason).
     """
 
-    def __init__(self, target=None, draft: str | None = None, draft_max: int = 8, n_ctx: int = 4096,
+    def __init__(self, target=None, draft: str | None = None, draft_max: int | str = "auto", n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0, verbose: bool = False, **draft_options):
         native.set_verbose(verbose)
         if target is None:
@@ -45,12 +81,18 @@ class SpecGGUF:
         self.drafter = None
         try:
             if draft is not None:
-                self.drafter = make_drafter(str(draft), self.target, n_threads=n_threads, **draft_options)
+                self.drafter = make_drafter(str(draft), self.target, draft_max=draft_max, n_threads=n_threads,
+                                            **draft_options)  # block drafts need the configured length
             self.engine = Engine(self.target, self.drafter, draft_max)
         except BaseException:
             self.close()
             raise
+        self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
 
     # -- prompts ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -65,28 +107,147 @@ class SpecGGUF:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """Render `messages` with the chat format and tokenize it (no double BOS)."""
         fmt = self.chat_format
-        text = fmt.render(messages)
+        try:
+            text = fmt.render(messages)
+        except ValueError as exc:  # the template's own raise_exception(), or a malformed message
+            raise params.RequestError(f"the chat template refused the messages: {exc}", param="messages") from None
         bos_in_text = bool(fmt.bos_text) and text.startswith(fmt.bos_text)
         return self.target.tokenize(text, add_special=not bos_in_text)
 
+    def _prompt_tokens(self, prompt) -> list[int]:
+        prompt = params.prompt_value(prompt)
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        n_vocab = self.target.model.n_vocab
+        if any(t < 0 or t >= n_vocab for t in prompt):
+            raise params.RequestError(f"'prompt' holds token ids outside the vocabulary [0, {n_vocab})",
+                                      param="prompt", code="invalid_value")
+        return list(prompt)
+
     # -- generation ------------------------------------------------------------------------
-    def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None):
-        """(generation, text chunks iterator) for already tokenized input."""
-        gen = self.engine.generate(prompt_tokens, max_tokens)
+    def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None, sampling: dict | None = None):
+        """(generation, text chunks iterator) for already tokenized input.
+
+        sampling: checked sampling fields (see `params.SAMPLING_FIELDS`); they reach the engine
+        once `specgguf.sampling` exists, and the engine is greedy until then.
+        """
+        sp = params.sampling_params(sampling or {})
+        if sp is None:
+            gen = self.engine.generate(prompt_tokens, max_tokens)
+        else:
+            gen = self.engine.generate(prompt_tokens, max_tokens, sampling=sp)
         return gen, TextStream(gen, self.target.model, stop)
 
-    def stream(self, prompt: str, max_tokens: int = 256, stop=None) -> Iterator[str]:
-        """Yield text chunks as they are verified; see `last` for stats afterwards."""
-        gen, text = self.stream_tokens(self.tokenize(prompt), max_tokens, stop)
-        self.last = gen
-        yield from text
+    def stream(self, prompt, max_tokens: int = 256, stop=None, **sampling) -> Iterator[Chunk]:
+        """Yield `Chunk`s as text is verified; the last one carries finish_reason, tokens and stats.
 
-    def generate(self, prompt: str, max_tokens: int = 256, stop=None) -> Result:
-        gen, text = self.stream_tokens(self.tokenize(prompt), max_tokens, stop)
+        prompt: text or token ids. Leaving the loop early stops the generation.
+        """
+        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
+                                       params.sampling_fields(sampling))
+        try:
+            for piece in text:
+                yield Chunk(piece)
+            yield Chunk("", gen.finish_reason or "stop", list(gen.tokens), gen.stats)
+        finally:
+            gen.close("cancelled")  # no-op when it already finished
+
+    def generate(self, prompt, max_tokens: int = 256, stop=None, **sampling) -> Result:
+        """Generate a completion of `prompt` (text or token ids) and return it whole."""
+        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
+                                       params.sampling_fields(sampling))
         out = "".join(text)
         return Result(out, list(gen.tokens), gen.finish_reason or "stop", gen.stats)
 
+    # -- llama_cpp.Llama-compatible --------------------------------------------------------
+    def prepare(self, body: dict, chat: bool) -> Request:
+        """Check an OpenAI/Llama-style request (a JSON body or keyword arguments) and tokenize it.
+
+        Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
+        """
+        params.refuse_unsupported(body)
+        sampling = params.sampling_fields(body)
+        params.sampling_params(sampling)  # refuse what SamplingParams refuses, before queueing
+        stream = params.flag(body, "stream")
+        if chat:
+            tokens = self.chat_prompt(params.messages_value(body.get("messages")))
+            stop = params.stop_strings(body.get("stop"), self.chat_format.stop)
+            wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)
+        else:
+            tokens = self._prompt_tokens(body.get("prompt"))
+            stop = params.stop_strings(body.get("stop"))
+            # absent: OpenAI's default of 16; null (or None from Python): the rest of the context
+            wanted = params.max_tokens(body.get("max_tokens"), None if "max_tokens" in body else 16)
+        budget = params.fit_context(len(tokens), wanted, self.n_ctx)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise params.RequestError("'model' must be a string", param="model", code="invalid_type")
+        return Request(tokens, budget, stop, sampling, chat, stream, model)
+
+    def response_chunks(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Iterator[dict]:
+        """The stream of one request as Llama/OpenAI chunk dicts, stats on the last one.
+
+        `cancelled` is asked after every chunk: when it says yes the generation is closed (the
+        engine stops at that round) and nothing more is yielded.
+        """
+        shaper = Shaper(req.model or self.model_name, req.chat)
+        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling)
+        try:
+            first = shaper.first()
+            if first is not None:
+                yield first
+            for piece in text:
+                if cancelled():
+                    return
+                yield shaper.delta(piece)
+            if cancelled():
+                return
+            yield shaper.last(openai_finish_reason(gen.finish_reason), len(req.tokens), len(gen.tokens),
+                              gen.stats.to_dict())
+        finally:
+            gen.close("cancelled")
+
+    def response(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> dict | None:
+        """The whole response of one request (None when cancelled before the end)."""
+        shaper = Shaper(req.model or self.model_name, req.chat)
+        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling)
+        pieces = []
+        try:
+            for piece in text:
+                if cancelled():
+                    return None
+                pieces.append(piece)
+        finally:
+            gen.close("cancelled")
+        return shaper.full("".join(pieces), openai_finish_reason(gen.finish_reason), len(req.tokens),
+                           len(gen.tokens), gen.stats.to_dict())
+
+    def create_completion(self, prompt, max_tokens: int | None = 16, stop=None, stream: bool = False, **kwargs):
+        """Complete `prompt` (text or token ids) like `llama_cpp.Llama.create_completion`.
+
+        Returns the same dict (or, with stream=True, an iterator of chunk dicts), plus a
+        `specgguf` field with the speculative statistics on the response / the last chunk.
+        Sampling keywords (temperature, top_k, top_p, min_p, repeat_penalty,
+        presence_penalty, frequency_penalty, seed) default to greedy; features specgguf
+        lacks (logprobs, echo, suffix, grammar, n > 1...) raise ValueError when asked for.
+        """
+        req = self.prepare(dict(kwargs, prompt=prompt, max_tokens=max_tokens, stop=stop, stream=stream), chat=False)
+        return self.response_chunks(req) if stream else self.response(req)
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stop=None,
+                               stream: bool = False, **kwargs):
+        """Answer `messages` like `llama_cpp.Llama.create_chat_completion` (same dict shapes,
+        plus `specgguf`), with the GGUF's chat template or the stated fallback."""
+        body = dict(kwargs, messages=messages, max_tokens=max_tokens, stop=stop, stream=stream)
+        req = self.prepare(body, chat=True)
+        return self.response_chunks(req) if stream else self.response(req)
+
+    chat = create_chat_completion
+    __call__ = create_completion
+
+    # -- resources -------------------------------------------------------------------------
     def close(self) -> None:
+        """Free the draft and the target (contexts, then models). Safe to call twice."""
         if getattr(self, "drafter", None) is not None:
             self.drafter.close()  # the draft context may point at the target's: free it first
             self.drafter = None
