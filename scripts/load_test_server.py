@@ -1,0 +1,167 @@
+"""Bounded load test of `specgguf serve` on loopback: N concurrent streaming clients, some of
+which disconnect midway, for a fixed number of rounds; then it stops by itself.
+
+Checks: every request that completes returns exactly the greedy text the server gives for that
+prompt when it is alone; the server stays up; its resident memory does not grow from one round
+to the next. Prints a table and writes JSON (bench/load_test_server.json).
+
+    .venv/bin/python scripts/load_test_server.py                    # Gemma 3 270M + ngram, 50 clients x 2
+    .venv/bin/python scripts/load_test_server.py --clients 8 --rounds 2 --max-tokens 8
+
+Only 127.0.0.1 is contacted: the script starts the server itself on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+PROMPTS = [
+    "Copy exactly: the red fox jumps over the lazy dog. Copy: the red fox",
+    "List the days of the week: Monday, Tuesday,",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village,",
+    "The capital of France is",
+]
+
+
+def _client(base_url: str):
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=300)
+
+
+def _health(server) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(server.root + "/health", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _wait_idle(server, deadline: float) -> dict:
+    while time.monotonic() < deadline:
+        q = _health(server)["queue"]
+        if not q["running"] and not q["waiting"]:
+            return q
+        time.sleep(0.2)
+    raise TimeoutError("the server did not become idle")
+
+
+def _one_client(base_url, model, prompt, max_tokens, leave_after, out: dict) -> None:
+    t0 = time.monotonic()
+    try:
+        stream = _client(base_url).completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True)
+        parts, last = [], None
+        for i, chunk in enumerate(stream):
+            if i == 0:
+                out["ttft_s"] = time.monotonic() - t0
+            if leave_after is not None and i + 1 >= leave_after:
+                stream.close()  # hang up midway: the server must cancel and carry on
+                out["outcome"] = "disconnected"
+                return
+            parts.append(chunk.choices[0].text)
+            last = chunk
+        out.update(outcome="completed", text="".join(parts), finish=last.choices[0].finish_reason,
+                   stats=last.model_extra.get("specgguf"), tokens=last.usage.completion_tokens)
+    except Exception as exc:  # counted and reported, never hidden
+        out.update(outcome="error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        out["total_s"] = time.monotonic() - t0
+
+
+def run_load(server, clients: int = 50, rounds: int = 2, max_tokens: int = 32, disconnect_every: int = 5,
+             time_limit: float = 1200.0) -> dict:
+    """Run the rounds against a started server; return the report (see `main`)."""
+    deadline = time.monotonic() + time_limit
+    c = _client(server.base_url)
+    model = c.models.list().data[0].id
+    expected = {p: c.completions.create(model=model, prompt=p, max_tokens=max_tokens).choices[0].text
+                for p in PROMPTS}  # alone on the server: the reference (and the warm-up)
+    report = {"clients": clients, "rounds": [], "max_tokens": max_tokens, "disconnect_every": disconnect_every,
+              "rss_start_kib": server.rss_kib()}
+    for r in range(rounds):
+        results = [dict() for _ in range(clients)]
+        threads = []
+        t0 = time.monotonic()
+        for i in range(clients):
+            leave = 2 if disconnect_every and i % disconnect_every == disconnect_every - 1 else None
+            args = (server.base_url, model, PROMPTS[i % len(PROMPTS)], max_tokens, leave, results[i])
+            threads.append(threading.Thread(target=_one_client, args=args, daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(1.0, deadline - time.monotonic()))
+        wall = time.monotonic() - t0
+        queue = _wait_idle(server, deadline)
+        done = [(i, x) for i, x in enumerate(results) if x.get("outcome") == "completed"]
+        wrong = [i for i, x in done if x["text"] != expected[PROMPTS[i % len(PROMPTS)]]]
+        totals = sorted(x["total_s"] for _, x in done)
+        report["rounds"].append({
+            "completed": len(done), "correct": len(done) - len(wrong), "wrong": wrong,
+            "disconnected": sum(x.get("outcome") == "disconnected" for x in results),
+            "errors": [x["error"] for x in results if x.get("outcome") == "error"],
+            "unfinished": sum("outcome" not in x for x in results),
+            "wall_s": round(wall, 2),
+            "tokens": sum(x["tokens"] for _, x in done),
+            "tokens_per_s": round(sum(x["tokens"] for _, x in done) / wall, 1) if wall else 0.0,
+            "latency_p50_s": round(statistics.median(totals), 2) if totals else None,
+            "latency_max_s": round(totals[-1], 2) if totals else None,
+            "mean_tau": round(statistics.mean(x["stats"]["tau"] for _, x in done), 2) if done else None,
+            "server_queue": queue, "rss_kib": server.rss_kib(), "server_alive": server.alive(),
+        })
+    rss = [x["rss_kib"] for x in report["rounds"]]
+    report["rss_growth_kib"] = rss[-1] - rss[0] if len(rss) > 1 else 0
+    report["ok"] = (server.alive() and all(not x["wrong"] and not x["errors"] and not x["unfinished"]
+                                           for x in report["rounds"]))
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=None, help="target GGUF (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--draft", default="ngram")
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--disconnect-every", type=int, default=5, help="every k-th client hangs up after 2 chunks")
+    ap.add_argument("--rss-limit-mib", type=float, default=16.0, help="allowed RSS growth from round 1 to the last")
+    ap.add_argument("--time-limit", type=float, default=1200.0)
+    ap.add_argument("--json", default=str(ROOT / "bench" / "load_test_server.json"))
+    a = ap.parse_args(argv)
+    from serverproc import start_server
+    from specgguf.defaults import default_target
+
+    target = a.target or default_target()
+    args = [target, "--ctx", "1024", "--max-queue", str(a.clients + 8)] + (["--draft", a.draft] if a.draft else [])
+    with start_server(*args) as server:
+        report = run_load(server, a.clients, a.rounds, a.max_tokens, a.disconnect_every, a.time_limit)
+    report["rss_ok"] = report["rss_growth_kib"] <= a.rss_limit_mib * 1024
+    report["ok"] = report["ok"] and report["rss_ok"]
+    print(f"{a.clients} streaming clients x {a.rounds} rounds, {a.max_tokens} tokens each, "
+          f"every {a.disconnect_every}th disconnects after 2 chunks; target {Path(str(target)).name}, draft {a.draft}")
+    print("| round | completed | correct | disconnected | errors | wall s | tok/s | p50 s | max s | tau | "
+          "served/cancelled | RSS MiB |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for i, x in enumerate(report["rounds"], 1):
+        q = x["server_queue"]
+        print(f"| {i} | {x['completed']} | {x['correct']} | {x['disconnected']} | {len(x['errors'])} | "
+              f"{x['wall_s']} | {x['tokens_per_s']} | {x['latency_p50_s']} | {x['latency_max_s']} | "
+              f"{x['mean_tau']} | {q['served']}/{q['cancelled']} | {x['rss_kib'] / 1024:.1f} |")
+    print(f"RSS at start {report['rss_start_kib'] / 1024:.1f} MiB; growth from round 1 to {a.rounds}: "
+          f"{report['rss_growth_kib'] / 1024:.1f} MiB (limit {a.rss_limit_mib}); ok: {report['ok']}")
+    out = Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`specgguf serve`: the OpenAI-compatible server from the command line.
+
+Kept apart from server.py so that `specgguf --help` works without the `server` extra; the
+HTTP libraries load only when the command runs, and their absence is one `error:` line.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import click
+
+from .cli import _model_options, _open
+from .errors import UserError
+
+EXTRA_HINT = "pip install 'specgguf[server]'"
+
+
+def _server_modules():
+    try:
+        import uvicorn
+
+        from . import server
+    except ImportError as exc:
+        raise UserError(f"`specgguf serve` needs the server extra ({exc.name} is missing): {EXTRA_HINT}") from None
+    return uvicorn, server
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind here (not in uvicorn) so that a busy port is one clear line, and port 0 works."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port or --host") from None
+    sock.listen(128)
+    return sock
+
+
+@click.command()
+@_model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 exposes the server to your network: use --api-key).")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port (0: any free one, printed).")
+@click.option("--api-key", default=None, envvar="SPECGGUF_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on every request (also $SPECGGUF_API_KEY).")
+@click.option("--max-queue", type=int, default=64, show_default=True,
+              help="Requests that may wait behind the running one; more get 503 with Retry-After.")
+@click.option("--model-id", default=None, help="Model name clients send (default: the target's file name).")
+def serve(host, port, api_key, max_queue, model_id, **opts):
+    """Serve TARGET over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be in 0..65535 (got {port})")
+    if max_queue < 1:
+        raise UserError(f"--max-queue must be at least 1 (got {max_queue})")
+    uvicorn, server = _server_modules()
+    sock = _bind(host, port)
+    try:
+        with _open(**opts) as llm:
+            app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue)
+            bound_host, bound_port = sock.getsockname()[:2]
+            draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"
+            click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}) on "
+                       f"http://{bound_host}:{bound_port}/v1 ; Ctrl-C stops", err=True)
+            config = uvicorn.Config(app, log_level="info" if opts.get("verbose") else "warning",
+                                    timeout_graceful_shutdown=5, access_log=bool(opts.get("verbose")))
+            try:
+                uvicorn.Server(config).run(sockets=[sock])
+            finally:
+                app.state.scheduler.close()  # the worker must stop before the model is freed
+    finally:
+        sock.close()

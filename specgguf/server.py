@@ -1,0 +1,181 @@
+"""OpenAI-compatible HTTP server over one `SpecGGUF` (needs the `server` extra).
+
+Starlette + uvicorn + sse-starlette, the family llama-cpp-python's server uses. Starlette
+rather than FastAPI on purpose: requests are checked by `SpecGGUF.prepare()` (shared with the
+Python API), so a pydantic layer would check them twice and answer in a shape (422) that
+OpenAI clients do not expect. Every error, including ones the app did not foresee, leaves as
+OpenAI's `{"error": {"message", "type", "param", "code"}}` and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .errors import UserError
+from .params import RequestError
+from .serving import QueueFull, Scheduler
+
+MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None,
+                   headers=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _ApiKey:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` (401 if not).
+    Pure ASGI (not BaseHTTPMiddleware) so that streaming responses and disconnects pass through."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, given = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
+                resp = error_response(401, "invalid API key: send 'Authorization: Bearer <key>' with the key "
+                                           "given to `specgguf serve --api-key`", code="invalid_api_key")
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+async def _json_body(request: Request) -> dict:
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY:
+            raise RequestError(f"the request body is over {MAX_BODY // (1024 * 1024)} MiB", status=413,
+                               code="request_too_large")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64) -> Starlette:
+    """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use)."""
+    model_id = model_id or llm.model_name
+    scheduler = Scheduler(max_waiting)
+    created = int(time.time())
+    draft = llm.drafter.describe() if llm.drafter is not None else None
+
+    def model_card() -> dict:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "specgguf",
+                "specgguf": {"draft": draft, "draft_max": llm.engine.draft_max, "n_ctx": llm.n_ctx}}
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "model": model_id, "queue": scheduler.status()})
+
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request: Request):
+        if request.path_params["model"] != model_id:
+            return _unknown_model(request.path_params["model"])
+        return JSONResponse(model_card())
+
+    def _unknown_model(name) -> JSONResponse:
+        return error_response(404, f"the model {name!r} does not exist; this server has {model_id!r}",
+                              param="model", code="model_not_found")
+
+    async def complete(request: Request, chat: bool):
+        body = await _json_body(request)
+        if body.get("model") not in (None, model_id):
+            return _unknown_model(body.get("model"))
+        req = llm.prepare(body, chat=chat)  # tokenizing is read-only on the model: safe beside the worker
+        req.model = model_id
+        if req.stream:
+            job = scheduler.submit(lambda cancelled: llm.response_chunks(req, cancelled))
+            return EventSourceResponse(_sse(job), sep="\n", ping=15, send_timeout=60)
+        job = scheduler.submit(lambda cancelled: [llm.response(req, cancelled)])
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+        try:
+            items = [item async for item in job]
+        finally:
+            watcher.cancel()
+        if not items or items[0] is None:  # cancelled: the client has gone, nobody reads this
+            return error_response(499, "the client closed the request", code="cancelled")
+        return JSONResponse(items[0])
+
+    async def completions(request: Request):
+        return await complete(request, chat=False)
+
+    async def chat_completions(request: Request):
+        return await complete(request, chat=True)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    handlers = {RequestError: _request_error, UserError: _user_error, QueueFull: _queue_full, HTTPException: _http_error,
+                Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    if api_key:
+        app.add_middleware(_ApiKey, key=api_key)
+    app.state.scheduler = scheduler
+    return app
+
+
+async def _sse(job):
+    """Chunks as server-sent events, then `[DONE]`; leaving early (a disconnect) cancels the job."""
+    try:
+        async for chunk in job:
+            yield {"data": json.dumps(chunk)}
+        yield {"data": "[DONE]"}
+    except Exception as exc:  # a failure mid-stream: the status is sent already, so say it in-band
+        yield {"data": json.dumps({"error": {"message": f"generation failed: {exc}", "type": "server_error",
+                                             "param": None, "code": None}})}
+    finally:
+        job.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, job) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def _request_error(request, exc: RequestError):
+    return error_response(exc.status, str(exc), exc.kind, exc.param, exc.code)
+
+
+async def _user_error(request, exc: UserError):
+    return error_response(400, str(exc))
+
+
+async def _queue_full(request, exc: QueueFull):
+    return error_response(503, str(exc), "server_error", code="queue_full",
+                          headers={"Retry-After": str(exc.retry_after)})
+
+
+async def _http_error(request, exc: HTTPException):
+    messages = {404: f"no such endpoint: {request.method} {request.url.path}",
+                405: f"method {request.method} is not allowed on {request.url.path}"}
+    return error_response(exc.status_code, messages.get(exc.status_code, str(exc.detail)),
+                          code="not_found" if exc.status_code == 404 else None, headers=exc.headers)
+
+
+async def _internal_error(request, exc: Exception):
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

@@ -1,0 +1,143 @@
+"""One worker thread that owns the model, and a bounded queue of jobs in front of it.
+
+A `SpecGGUF` has one llama.cpp context: generations must run one at a time, and a blocking
+decode must not run on the HTTP event loop. So every request becomes a `Job` handed to a
+single worker thread; the worker pushes the job's results back to the event loop as they
+come, and asks the job's `cancelled` flag after every chunk, which lets a client that went
+away stop its generation at the next round (the engine's generator is closed on the thread
+that runs it, never from another one). No HTTP here: the server is a thin layer on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import threading
+import time
+from collections import deque
+from typing import AsyncIterator, Callable, Iterable
+
+Work = Callable[[Callable[[], bool]], Iterable]  # work(cancelled) -> items to send back
+
+
+class QueueFull(Exception):
+    """Too many requests wait already; `retry_after` estimates seconds until there is room."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        super().__init__(f"the server is busy: {waiting} requests are waiting; retry in {retry_after} s")
+        self.waiting, self.retry_after = waiting, retry_after
+
+
+class Job:
+    """One queued piece of work; iterate it (async) on the event loop for its items."""
+
+    _END = object()
+
+    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop):
+        self.work, self._loop = work, loop
+        self.cancelled = threading.Event()
+        self._items: asyncio.Queue = asyncio.Queue()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _send(self, item) -> None:  # worker thread -> event loop
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the loop is closed (server shutting down): nobody is listening
+            self.cancel()
+
+    async def __aiter__(self) -> AsyncIterator:
+        while True:
+            item = await self._items.get()
+            if item is Job._END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Scheduler:
+    """Runs jobs one at a time on its own thread; at most `max_waiting` wait behind the one running."""
+
+    def __init__(self, max_waiting: int = 64):
+        if max_waiting < 1:
+            raise ValueError("max_waiting must be at least 1")
+        self.max_waiting = max_waiting
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._durations: deque = deque(maxlen=32)  # recent job times, for Retry-After
+        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0}
+        self.running = False
+        self._current: Job | None = None
+        self._thread = threading.Thread(target=self._loop, name="specgguf-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Work, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Queue `work`; raises QueueFull when max_waiting jobs wait already."""
+        with self._lock:
+            if self._waiting >= self.max_waiting:
+                self.counts["rejected"] += 1
+                raise QueueFull(self._waiting, self._retry_after())
+            self._waiting += 1
+        job = Job(work, loop or asyncio.get_running_loop())
+        self._queue.put(job)
+        return job
+
+    def _retry_after(self) -> int:
+        mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
+        return max(1, min(300, math.ceil(mean * (self._waiting + 1))))
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"waiting": self._waiting, "max_waiting": self.max_waiting, "running": self.running,
+                    **self.counts}
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self.running, self._current = True, job
+            t0 = time.monotonic()
+            try:
+                if not job.cancelled.is_set():  # its client left while it waited: skip it
+                    for item in job.work(job.cancelled.is_set):
+                        job._send(item)
+                outcome = "cancelled" if job.cancelled.is_set() else "served"
+            except BaseException as exc:  # reported to the request; the worker lives on
+                job._send(_Failure(exc))
+                outcome = "failed"
+            job._send(Job._END)
+            with self._lock:
+                self.running, self._current = False, None
+                self.counts[outcome] += 1
+                if outcome == "served":
+                    self._durations.append(time.monotonic() - t0)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel what waits, let the running job stop at its next round, end the thread."""
+        with self._lock:
+            if self._current is not None:
+                self._current.cancel()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+                job._send(Job._END)
+                with self._lock:
+                    self._waiting -= 1
+        self._queue.put(None)
+        self._thread.join(timeout)
