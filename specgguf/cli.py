@@ -229,3 +229,5 @@ def _register_converters() -> None:
 
 
 _register_converters()
+from .servecli import serve  # noqa: E402  (it reuses this module's options; its HTTP deps load when it runs)
+main.add_command(serve)

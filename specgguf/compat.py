@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .errors import UserError
 from .ggufinfo import GGUFInfo
+from .patchprobe import BUILD_COMMAND
 
 # llama.cpp accepts draft vocabularies up to this many tokens larger or smaller (padding).
 MAX_VOCAB_DIFF = 128
@@ -49,6 +50,21 @@ NEXTN_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "gemma4", "gpt-oss"
                          "glm4moe", "nemotron_h"})
 
 
+def _has_qk_norm(draft: GGUFInfo) -> bool:
+    return draft.has_tensor("blk.0.attn_q_norm.weight") or draft.has_tensor("blk.0.attn_k_norm.weight")
+
+
+def needs_eagle3_patch(draft: GGUFInfo) -> bool:
+    """The stock eagle3 loader takes exactly 3 target layers and no q/k norms (patches/)."""
+    return len(draft.target_layers) != 3 or _has_qk_norm(draft)
+
+
+def _eagle3_patched() -> bool:
+    from .patchprobe import has_eagle3_patch  # probes in a subprocess once per library, cached
+
+    return has_eagle3_patch()
+
+
 def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min: float = 0.0) -> None:
     """An eagle3/dflash/dspark draft and its target, checked on metadata alone."""
     name = f"{kind} draft {draft.path.name}"
@@ -60,9 +76,11 @@ def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min:
     if not ids:
         raise UserError(f"{name} lists no target layers ({draft.arch}.target_layers); convert it again")
     if kind == "eagle3":
-        if len(ids) != 3:
-            raise UserError(f"{name} reads {len(ids)} target layers; this llama.cpp's eagle3 runs exactly 3 "
-                            "(DeepSpec Eagle3 drafts need a patched build)")
+        if needs_eagle3_patch(draft) and not _eagle3_patched():
+            raise UserError(f"{name} is a DeepSpec-style Eagle3 draft ({len(ids)} target layers"
+                            f"{', q/k norms' if _has_qk_norm(draft) else ''}) that the installed llama.cpp "
+                            f"cannot run (it runs 3-layer EAGLE-3 only): install the patched build with "
+                            f"`{BUILD_COMMAND}` from the specgguf source tree (one build, minutes)")
         width = draft.metadata.get("eagle3.target_hidden_size")
         if width is not None and int(width) != target.n_embd:
             raise UserError(f"{name} was made for a target of width {width}, but {target.path.name} has "

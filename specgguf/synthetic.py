@@ -264,8 +264,10 @@ def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
 
 def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
                  seed: int = 10, own_head: bool = True, counting_target_seed: int | None = None,
-                 target_hidden_size: int | None = None, tokenizer: dict | None = None) -> Path:
-    """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading 3 target layer inputs.
+                 target_hidden_size: int | None = None, tokenizer: dict | None = None,
+                 qk_norm: bool = False) -> Path:
+    """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading `layers` target layer inputs
+    (3 for classic EAGLE-3; other counts and `qk_norm` need the patched build, patches/).
 
     counting_target_seed: the seed of a counting target (write_qwen3(counting=True)); the
     draft then passes the target's features straight through (fc averages the layers,
@@ -295,6 +297,8 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
          "blk.0.attn_output.weight": mat(H, shape.n_head * hd),
          "blk.0.ffn_norm.weight": norm(H), "blk.0.ffn_gate.weight": mat(shape.n_ff, H),
          "blk.0.ffn_up.weight": mat(shape.n_ff, H), "blk.0.ffn_down.weight": mat(H, shape.n_ff)}
+    if qk_norm:
+        t["blk.0.attn_q_norm.weight"], t["blk.0.attn_k_norm.weight"] = norm(hd), norm(hd)
     if own_head:
         t["token_embd.weight"] = mat(n_vocab, H, 1.0)
         t["output.weight"] = mat(n_vocab, H)

@@ -1,7 +1,8 @@
 """`eagle3`: an EAGLE-3 head that drafts token by token from the target's hidden states.
 
-After every target decode the three target layer inputs of each token are encoded (`fc`)
-into one row g per token; the one-layer decoder's KV cell at position P is built from the
+After every target decode the K target layer inputs of each token (K = 3 for classic
+EAGLE-3, 5 for DeepSpec Eagle3 on the patched build) are encoded (`fc`, input width
+K x target width) into one row g per token; the one-layer decoder's KV cell at position P is built from the
 pair (token at P+1, g_P). The token at P+1 of the batch's last position is not known yet,
 so every `process` leaves one cell unwritten and remembers it (the deferred boundary):
 the next prefill chunk completes it (bridge), or the next draft's seed step does, with

@@ -1,0 +1,110 @@
+"""Does the loaded libllama carry specgguf's eagle3 patches (patches/ in the repository)?
+
+DeepSpec Eagle3 drafts read 5 target layers and normalise q/k per head; the stock eagle3
+loader refuses both. The patches add no symbol to look for, so we ask the library itself:
+a tiny eagle3 GGUF with 5 target layers and q/k norm tensors is loaded in a *subprocess*
+(a library that misbehaves on it must never take the user's process down). The answer is
+cached per library file (path, mtime, size) in the user cache, so the probe runs once per
+install, not once per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BUILD_COMMAND = "scripts/build_patched_llama_cpp_python.sh"
+PROBE_LAYERS = (1, 2, 3, 4, 5)  # 5, as DeepSpec reads: != 3 is what the stock loader refuses
+_memo: dict[str, bool] = {}
+
+# Loads the probe with the same libllama (LLAMA_CPP_LIB_PATH) and reports by exit code:
+# 0 loaded (patched), 3 refused (stock). llama.cpp's own log goes to the null stderr.
+_CHILD = """
+import sys
+from llama_cpp import llama_cpp as C
+C.llama_backend_init()
+m = C.llama_model_load_from_file(sys.argv[1].encode(), C.llama_model_default_params())
+sys.exit(0 if m else 3)
+"""
+
+
+def cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specgguf" / "eagle3-patch.json"
+
+
+def _key(lib: str) -> str | None:
+    try:
+        st = os.stat(lib)
+    except OSError:
+        return None
+    return f"{os.path.realpath(lib)}|{st.st_mtime_ns}|{st.st_size}"
+
+
+def has_eagle3_patch(lib: str | None = None) -> bool:
+    """True when `lib` (default: the libllama this process loaded) runs K-layer eagle3
+    drafts with q/k norms. SPECGGUF_EAGLE3_PATCHED=0/1 overrides the probe (tests, or a
+    library the probe cannot run)."""
+    forced = os.environ.get("SPECGGUF_EAGLE3_PATCHED")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if lib is None:
+        from . import native
+
+        lib = native.library_path()
+    key = _key(lib) if lib else None
+    if key is None:
+        return False
+    if key in _memo:
+        return _memo[key]
+    cached = _read_cache()
+    if key in cached:
+        _memo[key] = bool(cached[key])
+        return _memo[key]
+    answer = _probe(lib)
+    if answer is not None:  # a crash or timeout is not an answer: do not remember it
+        _memo[key] = answer
+        cached[key] = answer
+        _write_cache(cached)
+    return bool(answer)
+
+
+def _probe(lib: str) -> bool | None:
+    from .synthetic import DraftShape, QwenShape, write_eagle3
+
+    with tempfile.TemporaryDirectory(prefix="specgguf-probe-") as tmp:
+        path = Path(tmp) / "probe-eagle3.gguf"
+        target = QwenShape(n_layer=6, n_embd=32, n_merges=8)
+        shape = DraftShape(n_head=2, n_head_kv=1, head_dim=16, n_ff=32, n_embd=32)
+        write_eagle3(path, target, layers=PROBE_LAYERS, shape=shape, qk_norm=True)
+        env = {**os.environ, "LLAMA_CPP_LIB_PATH": os.path.dirname(os.path.realpath(lib))}
+        try:
+            proc = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, timeout=120,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return {0: True, 3: False}.get(proc.returncode)
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_file().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(data: dict) -> None:
+    """Best effort, atomic: a read-only home only costs a probe per process."""
+    path = cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
