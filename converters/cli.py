@@ -84,6 +84,8 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
     click.echo(f"  size on disk   {_size(result.size_bytes)}")
     if result.cost_ratio is not None:
         click.echo(f"  draft cost     ~{result.cost_ratio:.1%} of a target step (weights read per step)")
+    if s.get("runtime"):
+        click.echo(f"  runs           {s['runtime']}")
 
 
 @click.command("models")

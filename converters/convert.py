@@ -18,7 +18,8 @@ from specgguf.ggufinfo import read_gguf
 
 from . import registry
 from .checkpoints import detect_kind, load_config, locate
-from .deepspec import plan_dspark, refuse_deepspec_eagle3
+from .deepspec import plan_dspark
+from .deepspec_eagle3 import plan_deepspec_eagle3, refuse_gemma4
 from .eagle3 import plan_eagle3
 from .safetensors import Weights
 from .writer import OUT_TYPES, check_output_path, write_draft
@@ -55,10 +56,10 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
     if head not in HEADS:
         raise UserError(f"unknown --head {head!r}; use shared or own")
     entry = registry.find(checkpoint)
-    if entry is not None and entry["kind"] == "eagle3":  # refuse before downloading gigabytes
-        from .checkpoints import Kind
+    if entry is not None and entry["kind"] == "eagle3" and entry["backbone"] != "qwen3":
+        from .checkpoints import Kind  # refuse before downloading gigabytes
 
-        refuse_deepspec_eagle3(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
+        refuse_gemma4(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
     tgt = read_gguf(target, "target")
     out_path = Path(out) if out else Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
     out_path = check_output_path(out_path, tgt.path)
@@ -66,12 +67,14 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
     directory = locate(checkpoint, offline=offline)
     config = load_config(directory)
     kind = detect_kind(config)
-    if kind.family == "deepspec-eagle3":
-        refuse_deepspec_eagle3(kind)
+    if kind.family == "deepspec-eagle3" and kind.backbone != "qwen3":
+        refuse_gemma4(kind)
     config.setdefault("_name_or_path", entry["repo"] if entry else _stem(checkpoint))
     with Weights(directory) as weights:
         if kind.family == "deepspec-dspark":
             plan = plan_dspark(config, weights, kind, tgt, head, warn)
+        elif kind.family == "deepspec-eagle3":
+            plan = plan_deepspec_eagle3(config, weights, kind, tgt, head, warn)
         else:
             plan = plan_eagle3(config, weights, kind, tgt, head, warn)
         total, done = plan.source_bytes, 0

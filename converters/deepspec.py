@@ -8,8 +8,7 @@ The mapping is draft-formats.md §4.1-4.2: weights are renamed, never transposed
   trains slot k of the block to predict token anchor+k+1;
 - heads: either both `token_embd` and `output` are written, or neither (llama.cpp silently
   ties a missing `output` to `token_embd`, wrong for untied targets such as Qwen3-8B).
-DeepSpec Eagle3 checkpoints are refused: the pinned llama.cpp `eagle3` graph reads exactly 3
-target layers and has no q/k norms, DeepSpec Eagle3 reads 5 and has them.
+DeepSpec Eagle3 checkpoints are converted by deepspec_eagle3.py.
 """
 
 from __future__ import annotations
@@ -25,12 +24,6 @@ from .checkpoints import Kind, get_float, get_int, rope_parameters
 from .safetensors import FLOAT_DTYPES, Weights
 from .targets import check_target_layers, check_width, check_vocab, warn_if_cannot_feed
 from .writer import DraftPlan
-
-
-def refuse_deepspec_eagle3(kind: Kind) -> None:
-    raise UserError(f"DeepSpec Eagle3 checkpoints ({kind.backbone}) cannot run on the pinned llama.cpp "
-                    "(its eagle3 graph reads exactly 3 target layers and has no q/k norms; DeepSpec "
-                    "Eagle3 reads 5): convert the DFlash or DSpark checkpoint of the same target instead")
 
 
 def plan_dspark(config: dict, weights: Weights, kind: Kind, target, head: str, warn) -> DraftPlan:

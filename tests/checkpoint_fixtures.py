@@ -351,14 +351,54 @@ def make_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec(), *, 
     return write_checkpoint(directory, config, tensors, dtype)
 
 
-def make_deepspec_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec()) -> Path:
-    """A DeepSpec Eagle3 (Qwen3Eagle3Model): 5 target layers, q/k norms. Only refused."""
-    H, hd = spec.n_embd, spec.head_dim
-    config = {"architectures": ["Qwen3Eagle3Model"], "model_type": "qwen3", "hidden_size": H,
-              "num_hidden_layers": 1, "draft_num_hidden_layers": 1, "num_target_layers": spec.n_layer,
-              "target_layer_ids": [0, 1, 1, 2, 2], "ttt_length": 7, "step_loss_decay": 0.8,
-              "vocab_size": spec.n_vocab, "num_attention_heads": spec.n_head, "head_dim": hd}
-    rng = np.random.default_rng(3)
-    tensors = {"fc.weight": rng.normal(size=(H, 5 * H)).astype(np.float32),
-               "layers.0.self_attn.q_norm.weight": np.ones(hd, np.float32)}
-    return write_checkpoint(directory, config, tensors)
+def deepspec_eagle3_config(spec: TargetSpec, *, backbone="qwen3", layers=(0, 1, 2, 3, 4), n_head=4, n_kv=2,
+                           head_dim=16, n_ff=96, draft_vocab=None) -> dict:
+    """Qwen3Eagle3Model's config (draft-formats.md §2.3): a copy of the target's plus the
+    Eagle3 keys; DeepSpec layer ids are layer *outputs* (the converter adds 1)."""
+    arch = {"qwen3": "Qwen3Eagle3Model", "gemma4": "Gemma4Eagle3Model"}[backbone]
+    cfg = {"architectures": [arch], "model_type": backbone, "hidden_size": spec.n_embd,
+           "intermediate_size": n_ff, "num_hidden_layers": 1, "draft_num_hidden_layers": 1,
+           "num_attention_heads": n_head, "num_key_value_heads": n_kv, "head_dim": head_dim,
+           "vocab_size": spec.n_vocab, "rms_norm_eps": spec.eps, "rope_theta": spec.rope_theta,
+           "max_position_embeddings": 4096, "attention_bias": False, "hidden_act": "silu",
+           "num_target_layers": spec.n_layer, "target_layer_ids": list(layers),
+           "layer_types": ["full_attention"], "ttt_length": 7, "step_loss_decay": 0.8,
+           "tie_word_embeddings": False}
+    if draft_vocab:
+        cfg["draft_vocab_size"] = draft_vocab
+    return cfg
+
+
+def deepspec_eagle3_tensors(config: dict, embed: np.ndarray, head: np.ndarray, seed: int = 3) -> dict:
+    """Random Qwen3Eagle3Model weights; embeddings/head are the target's (frozen copies).
+    With draft_vocab_size set, the head keeps a random subset of rows and d2t holds offsets."""
+    rng = np.random.default_rng(seed)
+    H, I, K = config["hidden_size"], config["intermediate_size"], len(config["target_layer_ids"])
+    nH, nKV, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    norm = lambda n: (1 + rng.normal(0, 0.2, n)).astype(np.float32)  # noqa: E731
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    p = "layers.0."
+    t = {"embed_tokens.weight": embed, "lm_head.weight": head, "fc.weight": lin(H, K * H),
+         "norm.weight": norm(H), p + "input_layernorm.weight": norm(H), p + "hidden_norm.weight": norm(H),
+         p + "self_attn.q_proj.weight": lin(nH * hd, 2 * H), p + "self_attn.k_proj.weight": lin(nKV * hd, 2 * H),
+         p + "self_attn.v_proj.weight": lin(nKV * hd, 2 * H), p + "self_attn.o_proj.weight": lin(H, nH * hd),
+         p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
+         p + "post_attention_layernorm.weight": norm(H),
+         p + "mlp.gate_proj.weight": lin(I, H), p + "mlp.up_proj.weight": lin(I, H),
+         p + "mlp.down_proj.weight": lin(H, I)}
+    Vd = config.get("draft_vocab_size")
+    if Vd:
+        keep = np.sort(rng.choice(len(head), Vd, replace=False))
+        t["lm_head.weight"] = head[keep]
+        t["d2t"] = (keep - np.arange(Vd)).astype(np.int64)
+    return t
+
+
+def make_deepspec_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec(), *, dtype="BF16",
+                                    seed=3, **config_kw) -> Path:
+    """A DeepSpec Eagle3 (Qwen3Eagle3Model, or Gemma4Eagle3Model's config with backbone="gemma4"):
+    5 target layers, q/k norms. The default ids need a target with at least 6 layers."""
+    config = deepspec_eagle3_config(spec, **config_kw)
+    tw = target_arrays(spec)
+    tensors = deepspec_eagle3_tensors(config, tw["token_embd.weight"], tw["output.weight"], seed)
+    return write_checkpoint(directory, config, tensors, dtype)

@@ -173,14 +173,15 @@ def test_markov_head_types_other_than_vanilla(tmp_path, ckpt, target, kind):
     refused(tmp_path, ckpt, target, f"Markov head type '{kind}'")
 
 
-def test_deepspec_eagle3_refused(tmp_path, target):
-    ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "e3")
+def test_deepspec_eagle3_gemma4_refused(tmp_path, target):
+    # the Qwen3 variant converts (tests/test_eagle3_patch.py); Gemma 4's layer has no eagle3 form
+    ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "e3", backbone="gemma4")
     msg = refused(tmp_path, ck, target, "DeepSpec Eagle3")
-    assert "3 target layers" in msg
+    assert "no llama.cpp eagle3 equivalent" in msg
 
 
-def test_registry_eagle3_refused_before_download(tmp_path, target):
-    refused(tmp_path, "deepseek-ai/eagle3_qwen3_8b_ttt7", target, "DeepSpec Eagle3")
+def test_registry_eagle3_gemma4_refused_before_download(tmp_path, target):
+    refused(tmp_path, "deepseek-ai/eagle3_gemma4_12b_ttt7", target, "DeepSpec Eagle3")
 
 
 # -- target pairing ---------------------------------------------------------------------------
@@ -233,7 +234,7 @@ def test_offline_repo_id_is_one_clear_line(tmp_path, monkeypatch):
 # -- the command line ------------------------------------------------------------------------
 
 def test_cli_refusal_is_one_line_exit_2(tmp_path, target):
-    ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "e3")
+    ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "e3", backbone="gemma4")
     out = tmp_path / "out.gguf"
     proc = subprocess.run([sys.executable, "-m", "specgguf", "convert", str(ck), "--target", str(target),
                            "-o", str(out)], capture_output=True, text=True, timeout=120)
