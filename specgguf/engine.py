@@ -24,14 +24,37 @@ from .stats import GenerationStats
 from .verify import exact as accept_exact, greedy as accept_greedy, ratio as accept_ratio
 
 
+AUTO = "auto"
+AUTO_MAX = 8  # the longest draft `auto` considers for token-by-token drafters
+
+
 class Engine:
     """A target plus an optional drafter; `generate()` yields the target's tokens (greedy by
-    default; sampled, with the same distribution as plain sampling, given `SamplingParams`)."""
+    default; sampled, with the same distribution as plain sampling, given `SamplingParams`).
 
-    def __init__(self, target, drafter=None, draft_max: int = 8):
-        if draft_max < 1:
-            raise UserError(f"--draft-max must be at least 1 (got {draft_max})")
-        self.target, self.drafter, self.draft_max = target, drafter, int(draft_max)
+    draft_max: a fixed draft length, or "auto": each round's length is chosen from costs
+    measured on this machine and acceptance measured on this text (tuning.py); the choice of
+    length never changes the output, only the speed."""
+
+    def __init__(self, target, drafter=None, draft_max: int | str = 8):
+        self.target, self.drafter = target, drafter
+        self.lengths = self.profile = None
+        if draft_max == AUTO:
+            from .profiling import ProfileStore
+            from .tuning import LengthController
+
+            self.draft_max = getattr(drafter, "max_length", AUTO_MAX)
+            block = getattr(drafter, "kind", "") in ("dflash", "dspark")
+            info = getattr(drafter, "info", None)
+            spec = None if drafter is None else (str(info.path) if info is not None else drafter.kind)
+            self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers, block)
+            self.lengths = LengthController(self.draft_max)
+            if hasattr(drafter, "lazy"):
+                drafter.lazy = True  # no draft catch-up in rounds that do not draft (model kind)
+        else:
+            if not isinstance(draft_max, int) or draft_max < 1:
+                raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")
+            self.draft_max = draft_max
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
                  sampling: SamplingParams | None = None) -> "Generation":
@@ -127,6 +150,9 @@ class Generation:
         engine, stats = self.engine, self.stats
         target, drafter = engine.target, engine.drafter
         ctx, batch, model = target.ctx, target.batch, target.model
+        lengths = engine.lengths
+        if lengths is not None:
+            lengths.reset()
         clock = time.perf_counter
         self._prefill()
         history = self.prompt[:-1]  # tokens in the target's KV cache
@@ -143,7 +169,12 @@ class Generation:
                     return
                 # draft: as llama-speculative-simple, cap by the context and the token budget
                 t0 = clock()
-                n_max = min(engine.draft_max, ctx.n_ctx - pos0 - 2, left - 1)
+                if lengths is not None:
+                    lengths.costs = engine.profile.costs_for(pos0)
+                    n_round = lengths.next_length() if drafter is not None else 0
+                else:
+                    n_round = engine.draft_max if drafter is not None else 0
+                n_max = min(n_round, ctx.n_ctx - pos0 - 2, left - 1)
                 draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
                 if drafter is not None:
                     drafter.rollback(pos0)
@@ -168,6 +199,9 @@ class Generation:
                 stats.draft_s += (t1 - t0) + (t3 - t2)
                 stats.verify_s += t2 - t1
                 stats.record_round(len(draft), k)
+                stats.draft_lengths.append(max(n_max, 0))
+                if lengths is not None:
+                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2), t2 - t1)
                 history.extend(verify[:k + 1])
                 id_last, pos0 = ids[-1], pos0 + k + 1
                 for tok in ids:
@@ -182,6 +216,8 @@ class Generation:
             stats.decode_s = clock() - t_start
             if self.finish_reason is None:
                 self.finish_reason = "stop"
+            if engine.profile is not None:
+                engine.profile.save()
 
 
 

@@ -60,3 +60,38 @@ def save(key: str, costs: Costs) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(costs.to_dict()))
     os.replace(tmp, path)
+
+
+class ProfileStore:
+    """The costs of one (target, draft, settings) pair by depth bucket: loaded from the cache
+    on first use of a bucket (else started from the nearest shallower one), saved after each
+    generation."""
+
+    def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False):
+        self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket)
+        self.block = block
+        self.buckets: dict[int, Costs] = {}
+        self._dirty: set[int] = set()
+
+    def costs_for(self, pos: int) -> Costs:
+        bucket = depth_bucket(pos)
+        costs = self.buckets.get(bucket)
+        if costs is None:
+            costs = load(self._key(bucket))
+            if costs is None:
+                shallower = [b for b in self.buckets if b < bucket]
+                costs = (Costs.from_dict(self.buckets[max(shallower)].to_dict()) if shallower
+                         else Costs(block=self.block))
+            costs.block = self.block
+            self.buckets[bucket] = costs
+        self._dirty.add(bucket)
+        return costs
+
+    def save(self) -> None:
+        for bucket in self._dirty:
+            if self.buckets[bucket].verify:
+                try:
+                    save(self._key(bucket), self.buckets[bucket])
+                except OSError:
+                    pass  # a read-only cache only costs re-measuring next time
+        self._dirty.clear()

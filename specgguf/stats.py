@@ -18,11 +18,14 @@ class GenerationStats:
     decode_s: float = 0.0  # wall time of the generation loop (after prefill)
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position_n: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)  # the length asked for, per round
+    rounds_detail: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
 
     def record_round(self, n_drafted: int, n_accepted: int) -> None:
         self.rounds += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
+        self.rounds_detail.append((n_drafted, n_accepted))
         grow = n_drafted - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position += [0] * grow
@@ -65,6 +68,9 @@ class GenerationStats:
             "verify_s": round(self.verify_s, 4),
             "decode_s": round(self.decode_s, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
+            "draft_lengths": self.draft_lengths,
+            # per round [drafted, accepted]: what tests/test_parity.py compares with the C++ loop
+            "rounds_detail": [list(r) for r in self.rounds_detail],
         }
 
     def summary(self) -> str:

@@ -21,6 +21,7 @@ class Target:
             self.close()
             raise
         self.n_gpu_layers = n_gpu_layers
+        self.n_threads = int(n_threads or native.default_threads())
 
     @property
     def n_ctx(self) -> int:

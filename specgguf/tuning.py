@@ -107,10 +107,11 @@ class Acceptance:
 
 def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
     """The n in 0..n_max with the best expected tokens per second (0 when nothing pays)."""
-    base = costs.verify_cost(0)
-    if base is None:
+    if not costs.verify:
         return min(n_max, 2)  # nothing measured yet: a short draft measures both sides
-    best_n, best_rate = 0, 1.0 / base
+    if 0 not in costs.verify:
+        return 0  # then one plain round: the baseline every other length is compared with
+    best_n, best_rate = 0, 1.0 / costs.verify[0]
     for n in range(1, n_max + 1):
         cost = costs.verify_cost(n) + costs.draft_cost(n)
         rate = expected_tokens(accept, n) / cost if cost > 0 else float("inf")

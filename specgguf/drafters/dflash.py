@@ -14,7 +14,7 @@ from .hidden import HiddenStateDrafter, top10_prob
 
 
 class DFlashDrafter(HiddenStateDrafter):
-    def __init__(self, info, target, kind: str, draft_max: int = 8, **options):
+    def __init__(self, info, target, kind: str, draft_max: int | str = 8, **options):
         self.kind = kind
         super().__init__(info, target, **options)
         meta = self.model.meta
@@ -26,7 +26,11 @@ class DFlashDrafter(HiddenStateDrafter):
         self.sample_from_anchor = (anchor_key != "false") if kind == "dspark" else (anchor_key == "true")
         self.mask = self.model.mask
         n_cap = self.block_size if self.sample_from_anchor else self.block_size - 1
-        self.n_max = min(int(draft_max), n_cap)
+        # A fixed --draft-max sets every block's length, as in llama.cpp; with "auto" each
+        # round's chosen length does (up to the trained block).
+        self.fixed_length = draft_max != "auto"
+        self.n_max = min(int(draft_max), n_cap) if self.fixed_length else n_cap
+        self.max_length = self.n_max
         self.ctx.set_embeddings_nextn(True, True)  # masked: one nextn (confidence) row per output
         self.ctx.set_causal(meta("dflash.attention.causal") == "true")
         self.n_embd = self.model.n_embd
@@ -48,7 +52,8 @@ class DFlashDrafter(HiddenStateDrafter):
         # The block length follows the configured n_max, not this round's cap: attention in
         # the block is non-causal, so its length changes every slot's prediction. The engine
         # truncates to the cap.
-        n_block = self.n_max + (0 if self.sample_from_anchor else 1)
+        n_drafts = self.n_max if self.fixed_length else min(n_max, self.n_max)
+        n_block = n_drafts + (0 if self.sample_from_anchor else 1)
         n_block = min(n_block, self.ctx.n_ctx - pos0)
         if n_block < 1 + (0 if self.sample_from_anchor else 1):
             return []

@@ -17,6 +17,10 @@ from ..compat import check_shared_vocab
 class ModelDrafter:
     kind = "model"
     last_q = None  # per drafted token, the q it was sampled from (None: greedy, point masses)
+    # lazy: queue the catch-up on verified tokens until the next draft needs it, so rounds
+    # that do not draft (auto length chose 0) cost no draft pass; the engine sets it in
+    # auto mode. Fixed lengths keep llama.cpp's eager order (bit-for-bit parity with C++).
+    lazy = False
 
     def __init__(self, info, target, n_gpu_layers: int = 0, n_threads: int | None = None,
                  p_min: float = 0.0, n_min: int = 0):
@@ -28,6 +32,7 @@ class ModelDrafter:
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
                                       n_threads=n_threads, ctx_other=target.ctx)
             self.batch = native.Batch(self.ctx)
+            self._pending = []
         except BaseException:
             self.close()
             raise
@@ -37,20 +42,34 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.ctx.clear()
+        self._pending: list[tuple[int, int]] = []  # (token, position) not yet in the draft cache
 
     def begin(self, history) -> None:
         pass
 
     def process(self, tokens, pos0: int) -> None:
+        if self.lazy:
+            self._pending.extend((t, pos0 + i) for i, t in enumerate(tokens))
+            return
+        self._decode_plain(list(tokens), pos0)
+
+    def _decode_plain(self, tokens: list[int], pos0: int) -> None:
         # Only the KV cache matters here: no outputs, so no lm_head pass over the vocabulary.
-        b = self.batch.clear()
-        b.add_tokens(tokens, pos0, "none")
-        self.ctx.decode(b)
+        b = self.batch
+        for start in range(0, len(tokens), b.capacity):
+            b.clear().add_tokens(tokens[start:start + b.capacity], pos0 + start, "none")
+            self.ctx.decode(b)
+
+    def _catch_up(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._decode_plain([t for t, _ in pending], pending[0][1])
 
     def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         """Greedy (llama.cpp's draft-simple) without a sampler; with one, each token comes from
         `sampler.propose`: sampled from q under the ratio rule (q kept in `last_q`), else the
         arg-max of the penalised logits."""
+        self._catch_up()
         ctx, b = self.ctx, self.batch
         b.clear().add_token(id_last, pos0, True)
         ctx.decode(b)
@@ -81,6 +100,7 @@ class ModelDrafter:
         return out
 
     def rollback(self, pos: int) -> None:
+        self._pending = [(t, p) for t, p in self._pending if p < pos]
         self.ctx.seq_rm(pos)
 
     def accept(self, n_accepted: int) -> None:
