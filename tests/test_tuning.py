@@ -85,3 +85,35 @@ def test_profile_cache_misses_when_the_model_file_changes(tmp_path, monkeypatch)
     os.utime(model, ns=(1, 1))
     assert profiling.load(profiling.profile_key(model, "ngram", 2, 0, 0)) is None
     assert profiling.profile_key(model, "ngram", 4, 0, 0) != profiling.profile_key(model, "ngram", 2, 0, 0)
+
+
+# -- the engine in auto mode (real llama.cpp) ------------------------------------------------
+
+@pytest.mark.parametrize("draft", ["ngram", "model", "dspark"])
+def test_auto_length_keeps_greedy_output(qwen3_target, qwen3_draft, tmp_path, monkeypatch, draft):
+    from specgguf.drafters import make_drafter
+    from specgguf.engine import Engine
+    from specgguf.synthetic import write_dflash, write_qwen3
+    from specgguf.target import Target
+
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+    target_path = write_qwen3(tmp_path / "counting.gguf", counting=True) if draft == "dspark" else qwen3_target
+    spec = {"ngram": "ngram", "model": str(qwen3_draft),
+            "dspark": str(write_dflash(tmp_path / "ds.gguf", markov=True, counting=True))}[draft]
+    with Target(target_path, n_ctx=512) as target:
+        prompts = ["The quick brown fox", "def add(a, b):\n    return a + b\n" * 3]
+        want = []
+        for p in prompts:
+            gen = Engine(target, None).generate(target.tokenize(p), 60)
+            want.append(list(gen))
+        drafter = make_drafter(spec, target, draft_max="auto")
+        try:
+            engine = Engine(target, drafter, "auto")
+            for p, w in zip(prompts, want):
+                gen = engine.generate(target.tokenize(p), 60)
+                assert list(gen) == w
+                assert len(gen.stats.draft_lengths) == gen.stats.rounds
+                assert all(0 <= n <= engine.draft_max for n in gen.stats.draft_lengths)
+        finally:
+            drafter.close()
+    assert list((tmp_path / "cache" / "profiles").glob("*.json")), "the measured profile was not saved"
