@@ -57,7 +57,15 @@ def _model_options(f):
         click.argument("target", required=False),
         click.option("--draft", "-d", help="A draft GGUF (same tokenizer as the target) or 'ngram' "
                                             "(prompt lookup). Omit for plain decoding."),
-        click.option("--draft-max", default="8", show_default=True, help="Most tokens drafted per round."),
+        click.option("--draft-max", default="auto", show_default=True,
+                     help="Tokens drafted per round: a number, or auto (chosen each round from costs "
+                          "measured on this machine and the acceptance so far; 0 when drafting does not pay)."),
+        click.option("--draft-kind", type=click.Choice(["model", "ngram", "eagle3", "dflash", "dspark"]),
+                     default=None, help="Override the kind detected from the draft GGUF (e.g. dspark slot "
+                                        "rules for a DFlash file)."),
+        click.option("--draft-p-min", type=float, default=0.0, show_default=True,
+                     help="Stop drafting at a token whose draft confidence is below this (DSpark: its "
+                          "confidence head; others: softmax over the top 10)."),
         click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "n_threads", type=int, default=None, help="CPU threads (default: all usable)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
@@ -69,21 +77,35 @@ def _model_options(f):
     return f
 
 
-def _open(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, **_):
-    from .api import SpecGGUF
-
+def _parse_draft_max(value: str) -> int | str:
+    if value == "auto":
+        return value
     try:
-        n = int(draft_max)
+        n = int(value)
     except ValueError:
-        raise UserError(f"--draft-max must be a whole number >= 1 (got {draft_max!r})") from None
+        raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {value!r})") from None
     if n < 1:
         raise UserError(f"--draft-max must be at least 1 (got {n}); omit --draft to decode without a draft")
+    return n
+
+
+def _open(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
+          **_):
+    from .api import SpecGGUF
+
+    n = _parse_draft_max(draft_max)
     if n_ctx < 16:
         raise UserError(f"--ctx must be at least 16 tokens (got {n_ctx})")
     if n_threads is not None and n_threads < 1:
         raise UserError(f"--threads must be at least 1 (got {n_threads})")
+    if not 0.0 <= draft_p_min <= 1.0:
+        raise UserError(f"--draft-p-min must be within [0, 1] (got {draft_p_min})")
+    if draft is None and draft_kind not in (None, "ngram"):
+        raise UserError(f"--draft-kind {draft_kind} needs a --draft GGUF")
+    if draft is None and draft_kind == "ngram":
+        draft = "ngram"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
-                    n_gpu_layers=n_gpu_layers, verbose=verbose)
+                    n_gpu_layers=n_gpu_layers, verbose=verbose, kind=draft_kind, p_min=draft_p_min)
 
 
 def _sampling_options(f):
@@ -231,3 +253,6 @@ def _register_converters() -> None:
 _register_converters()
 from .servecli import serve  # noqa: E402  (it reuses this module's options; its HTTP deps load when it runs)
 main.add_command(serve)
+
+from .profilecmd import profile  # noqa: E402  (it reuses this module's options)
+main.add_command(profile)
