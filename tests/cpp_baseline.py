@@ -7,7 +7,8 @@ This module finds it, runs it greedily, and parses what it prints:
 * stdout: "\\n\\n", the prompt's pieces, the generated pieces, "\\n\\n\\n\\n" (`simple.cpp:92-96, 314-320, 347, 372`);
 * stderr at `-lv 5` (LOG_DBG is verbosity 5, `common/log.h:24,120`): per draft position the top
   candidates, " - seq_id 0, draft candidate   0, pos   3:   1234 (   0.871) 'piece'"
-  (`speculative.cpp:357`; candidate 0 is the drafted token, every one is kept at p_min 0), and
+  (draft-simple `speculative.cpp:357`, eagle3 `:803`, dflash/dspark `:1284,1303`; candidate 0
+  is the drafted token, every one is kept at p_min 0), and
   per round "accepted k/n draft tokens, the last target token is: (id)" (`simple.cpp:323`);
 * stderr summary: "encoded N tokens", "decoded N tokens in S seconds", n_drafted, n_accept.
 
@@ -152,8 +153,10 @@ def parse(stdout: str, stderr: str, n_predict_arg: int, args=()) -> CppRun:
         m = _ROUND.search(line)
         if m:
             k, n, last = map(int, m.groups())
-            toks = pending if len(pending) == n else None
-            run.rounds.append(Round(n, k, last, toks if n else []))
+            # candidates come in draft order; a longer list was cut to the budget afterwards
+            # ("truncating draft", spec.cpp:2832-2837) or ended on a p_min refusal
+            toks = pending[:n] if len(pending) >= n else None
+            run.rounds.append(Round(n, k, last, toks))
             pending = []
     if m := _DECODED.search(stderr):
         run.decode_s = float(m.group(2))
