@@ -7,6 +7,12 @@ loaded target, side by side, greedy; the speedup is tokens/s over plain decoding
 prompts. Prints a table and writes JSON (default bench/speedup.json).
 
     python scripts/bench_speedup.py [--max-tokens 128] [--draft-max 2,4,8] [--out FILE]
+    python scripts/bench_speedup.py --sampling [--skip-greedy] [--sampling-draft-max 4]
+
+--sampling adds a second table: at T = 0.7 and T = 1.0 (top-p 0.95, one fixed seed per
+prompt), plain sampled decoding and each drafter under the `exact` rule (llama.cpp's: sample
+the target, keep a draft token on a match) and the `ratio` rule (min(1, p/q), residual
+resampling). The speedup of a sampled row is over plain sampling at the same temperature.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from specgguf.api import SpecGGUF
 from specgguf.defaults import requantized_default
 from specgguf.drafters import make_drafter
 from specgguf.engine import Engine
+from specgguf.sampling import SamplingParams
 
 PASSAGE = (
     "The river rises in the northern hills and runs south for two hundred miles. In spring the "
@@ -50,11 +57,12 @@ PROMPTS = {
 }
 
 
-def run(llm: SpecGGUF, engine: Engine, prompts: list[str], max_tokens: int) -> dict:
+def run(llm: SpecGGUF, engine: Engine, prompts: list[str], max_tokens: int, sampling: dict | None = None) -> dict:
     gen_tokens = decode_s = drafted = accepted = rounds = 0
     outputs = []
-    for prompt in prompts:
-        gen = engine.generate(llm.tokenize(prompt), max_tokens)
+    for i, prompt in enumerate(prompts):
+        sp = SamplingParams(seed=i, **sampling) if sampling else None
+        gen = engine.generate(llm.tokenize(prompt), max_tokens, sampling=sp)
         for _ in gen:
             pass
         s = gen.stats
@@ -68,12 +76,46 @@ def run(llm: SpecGGUF, engine: Engine, prompts: list[str], max_tokens: int) -> d
             "tau": (accepted + rounds) / rounds if rounds else 0.0, "outputs": outputs}
 
 
+SAMPLING = {"T0.7": dict(temperature=0.7, top_p=0.95), "T1.0": dict(temperature=1.0, top_p=0.95)}
+
+
+def sampling_rows(llm: SpecGGUF, drafters: dict, max_tokens: int, n: int) -> list[dict]:
+    """Plain sampling, then each drafter under each rule, at each temperature, per prompt set."""
+    rows = []
+    for set_name, prompts in PROMPTS.items():
+        for label, settings in SAMPLING.items():
+            base = run(llm, Engine(llm.target, None), prompts, max_tokens, settings)
+            rows.append({"set": set_name, "sampling": label, "drafter": "plain", "accept": "-", "draft_max": 0,
+                         **base, "speedup": 1.0})
+            for name, drafter in drafters.items():
+                for accept in ("exact", "ratio"):
+                    res = run(llm, Engine(llm.target, drafter, n), prompts, max_tokens, {**settings, "accept": accept})
+                    res["speedup"] = res["tokens_per_second"] / base["tokens_per_second"]
+                    rows.append({"set": set_name, "sampling": label, "drafter": name, "accept": accept,
+                                 "draft_max": n, **res})
+    return rows
+
+
+def print_sampled(rows: list[dict], n: int) -> None:
+    print(f"\nsampled (top-p 0.95, seed = prompt index; draft max {n}; speedup over plain sampling "
+          "at the same temperature)")
+    header = f"{'set':9} {'T':5} {'drafter':8} {'rule':6} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['set']:9} {r['sampling']:5} {r['drafter']:8} {r['accept']:6} {r['tokens_per_second']:7.1f} "
+              f"{r['speedup']:7.2f}x {100 * r['acceptance_rate']:6.0f}% {r['tau']:5.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", default="2,4,8")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="bench/speedup.json")
+    ap.add_argument("--sampling", action="store_true", help="add the exact vs ratio rows at T = 0.7 and 1.0")
+    ap.add_argument("--sampling-draft-max", type=int, default=4)
+    ap.add_argument("--skip-greedy", action="store_true", help="only the sampling rows (with --sampling)")
     args = ap.parse_args()
     lengths = [int(x) for x in args.draft_max.split(",")]
 
@@ -81,10 +123,12 @@ def main() -> int:
     llm = SpecGGUF(None, n_ctx=2048, n_threads=args.threads)
     drafters = {"ngram": make_drafter("ngram", llm.target),
                 "model": make_drafter(str(draft_path), llm.target, n_threads=args.threads)}
-    rows = []
+    rows, sampled = [], []
     try:
         run(llm, Engine(llm.target, None), ["Warm-up."], 8)  # first decode pays one-off costs
-        for set_name, prompts in PROMPTS.items():
+        if args.sampling:
+            sampled = sampling_rows(llm, drafters, args.max_tokens, args.sampling_draft_max)
+        for set_name, prompts in (() if args.skip_greedy else PROMPTS.items()):
             base = run(llm, Engine(llm.target, None), prompts, args.max_tokens)
             rows.append({"set": set_name, "drafter": "plain", "draft_max": 0, **base})
             for name, drafter in drafters.items():
@@ -104,18 +148,21 @@ def main() -> int:
     print(f"specgguf bench_speedup: Gemma 3 270M Q4_K_M target, {args.max_tokens} tokens x 3 prompts per set; "
           f"model draft = {draft_path.name}; {machine}")
     header = f"{'set':9} {'drafter':8} {'n':>3} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5} {'same':>5}"
-    print(header)
-    print("-" * len(header))
+    if rows:
+        print(header)
+        print("-" * len(header))
     for r in rows:
         same = "-" if r["drafter"] == "plain" else ("yes" if r["identical_to_plain"] else "NO")
         print(f"{r['set']:9} {r['drafter']:8} {r['draft_max']:>3} {r['tokens_per_second']:7.1f} "
               f"{r['speedup']:7.2f}x {100 * r['acceptance_rate']:6.0f}% {r['tau']:5.2f} {same:>5}")
+    if sampled:
+        print_sampled(sampled, args.sampling_draft_max)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for r in rows:
+    for r in rows + sampled:
         r.pop("outputs")
     out.write_text(json.dumps({"machine": machine, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+                               "max_tokens": args.max_tokens, "rows": rows, "sampling_rows": sampled}, indent=2))
     print(f"wrote {out}")
     return 0
 

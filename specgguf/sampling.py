@@ -152,24 +152,34 @@ class Sampler:
         return x
 
     def probs(self, logits: np.ndarray, recent: Sequence[int] = ()) -> np.ndarray:
-        """The probability vector (float64, full vocabulary, zeros outside the kept set)."""
+        """The probability vector (float64, full vocabulary, zeros outside the kept set).
+
+        Runs once per verified position and per sampled draft token, on vocabularies of up to
+        262k: truncations work on a short list of candidates (`ids`) found by one vectorised
+        comparison, never by sorting or fancy-indexing the whole vocabulary.
+        """
         prm = self.params
         x = self.penalize(logits, recent)
         out = np.zeros(x.size, dtype=np.float64)
         if prm.greedy:
             out[int(x.argmax())] = 1.0
             return out
-        ids = np.arange(x.size)
-        if 0 < prm.top_k < ids.size:
-            ids = np.argpartition(-x, prm.top_k - 1)[:prm.top_k]
+        ids = None  # None: every token is still in
+        if 0 < prm.top_k < x.size:
+            ids = _above(x, prm.top_k)
+            ids = ids[np.argpartition(-x[ids], prm.top_k - 1)[:prm.top_k]] if ids.size > prm.top_k else ids
         if prm.top_p < 1:
-            ids = _top_p(ids, x[ids], prm.top_p)
+            ids = _top_p(x, ids, prm.top_p)
         if prm.min_p > 0:
-            lx = x[ids]
-            ids = ids[lx >= lx.max() + np.log(prm.min_p)]
-        z = x[ids] / prm.temperature
+            lx = x if ids is None else x[ids]
+            keep = lx >= lx.max() + np.log(prm.min_p)
+            ids = np.flatnonzero(keep) if ids is None else ids[keep]
+        z = (x if ids is None else x[ids]) / prm.temperature
         e = np.exp(z - z.max())
-        out[ids] = e / e.sum()
+        e /= e.sum()
+        if ids is None:
+            return e
+        out[ids] = e
         return out
 
     def argmax(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
@@ -200,21 +210,35 @@ def sample_from(p: np.ndarray, u: float) -> int:
     return i
 
 
-def _top_p(ids: np.ndarray, logits: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest most-likely subset of `ids` whose softmax mass reaches top_p.
+def _above(x: np.ndarray, at_least: int) -> np.ndarray:
+    """Indices of every logit within some distance of the maximum, at least `at_least` of
+    them: a superset of the top `at_least` found by comparisons alone (no sort)."""
+    top = x.max()
+    for width in (4.0, 8.0, 16.0, 32.0):
+        ids = np.flatnonzero(x >= top - width)
+        if ids.size >= at_least:
+            return ids
+    return np.arange(x.size)
 
-    A full sort of a 262k vocabulary costs more than a CPU forward pass of a small model,
-    so sort only the best m candidates and widen m until their mass reaches top_p
-    (llama.cpp does the same with a 256-wide partial sort).
+
+def _top_p(x: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray:
+    """The smallest most-likely subset of `ids` (None: all) whose softmax mass reaches top_p.
+
+    Every token above a logit threshold comes before every token below it in the sorted
+    order, so once the tokens above a threshold hold top_p of the mass, sorting just those
+    gives the exact cut. The threshold is lowered until they do (a flat distribution ends
+    up sorting everything, as llama.cpp's widening partial sort does).
     """
-    e = np.exp(logits - logits.max())
-    pr = e / e.sum()
-    n, m = pr.size, min(256, pr.size)
-    while True:
-        part = np.argpartition(-pr, m - 1)[:m] if m < n else np.arange(n)
-        order = part[np.argsort(-pr[part], kind="stable")]
-        cum = np.cumsum(pr[order])
-        if cum[-1] >= top_p or m == n:
-            cut = min(int(np.searchsorted(cum, top_p, side="left")) + 1, order.size)
-            return ids[order[:cut]]
-        m = min(n, m * 4)
+    lx = x if ids is None else x[ids]
+    top = lx.max()
+    e = np.exp(lx - top)
+    total = e.sum()
+    for width in (4.0, 8.0, 16.0, 32.0, np.inf):
+        cand = np.flatnonzero(lx >= top - width)
+        if e[cand].sum() >= top_p * total or width == np.inf:
+            break
+    order = cand[np.argsort(-lx[cand], kind="stable")]
+    cum = np.cumsum(e[order])
+    cut = min(int(np.searchsorted(cum, top_p * total, side="left")) + 1, order.size)
+    kept = order[:cut]
+    return kept if ids is None else ids[kept]
