@@ -42,6 +42,31 @@ def qwen3_draft(synth_dir):
     return write_qwen3(synth_dir / "qwen3-draft.gguf", QwenShape(), seed=0, perturb=0.1)
 
 
+@pytest.fixture(scope="session")
+def counting_target(synth_dir):
+    """A target that counts through its vocabulary (specgguf.synthetic): drafts that know the
+    rule are accepted, so rollback and boundary bookkeeping really get exercised."""
+    return write_qwen3(synth_dir / "qwen3-counting.gguf", QwenShape(), seed=0, counting=True)
+
+
+@pytest.fixture(scope="session")
+def hidden_drafts(synth_dir):
+    """Synthetic eagle3/dflash/dspark drafts for the synthetic qwen3 targets, by name."""
+    from specgguf.synthetic import write_dflash, write_eagle3
+
+    d = synth_dir
+    return {
+        "eagle3": write_eagle3(d / "eagle3.gguf"),
+        "eagle3-shared": write_eagle3(d / "eagle3-shared.gguf", own_head=False),
+        "eagle3-counting": write_eagle3(d / "eagle3-counting.gguf", counting_target_seed=0),
+        "dflash": write_dflash(d / "dflash.gguf"),
+        "dflash-shared": write_dflash(d / "dflash-shared.gguf", own_head=False),
+        "dspark-counting": write_dflash(d / "dspark-counting.gguf", markov=True, confidence=True, counting=True),
+        "dspark-counting-shared": write_dflash(d / "dspark-counting-shared.gguf", markov=True, confidence=True,
+                                               counting=True, own_head=False),
+    }
+
+
 def run_cli(*args, timeout=300, env=None):
     """Run `python -m specgguf` in a subprocess (as a user would) and capture the result."""
     full_env = dict(os.environ, **(env or {}))

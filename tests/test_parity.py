@@ -52,7 +52,16 @@ CASES = [
          draft_max=8, n_predict=61),
     Case("model-gemma3-270m", "draft-simple", "gemma_path", "gemma_draft_path", prompt=PROMPT_GEMMA,
          draft_max=6, n_predict=48),
-    # The lead adds: Case("eagle3-qwen3", "draft-eagle3", "qwen3_target", "qwen3_eagle3_draft"), ...
+    # hidden-state kinds: `draft` names an entry of the hidden_drafts fixture
+    Case("eagle3-own-head", "draft-eagle3", "qwen3_target", "eagle3"),
+    Case("eagle3-shared-head", "draft-eagle3", "qwen3_target", "eagle3-shared"),
+    Case("eagle3-counting", "draft-eagle3", "counting_target", "eagle3-counting", n_predict=40),
+    Case("dflash-own-head", "draft-dflash", "qwen3_target", "dflash"),
+    Case("dflash-shared-head", "draft-dflash", "qwen3_target", "dflash-shared", draft_max=6),
+    Case("dspark-counting", "draft-dspark", "counting_target", "dspark-counting", n_predict=40),
+    Case("dspark-counting-shared-head", "draft-dspark", "counting_target", "dspark-counting-shared", draft_max=6),
+    Case("dspark-confidence-p-min", "draft-dspark", "counting_target", "dspark-counting", n_predict=40,
+         our_args=("--draft-p-min", "0.6"), cpp_args=("--spec-draft-p-min", "0.6")),
 ]
 
 
@@ -96,7 +105,10 @@ def test_python_loads_the_tools_libraries(qwen3_target):
 def test_rounds_and_tokens_match_llama_cpp(case: Case, request, tmp_path):
     cpp_baseline.require_tool()
     target = request.getfixturevalue(case.target)
-    draft = request.getfixturevalue(case.draft)
+    if case.spec_type in ("draft-eagle3", "draft-dflash", "draft-dspark"):
+        draft = request.getfixturevalue("hidden_drafts")[case.draft]
+    else:
+        draft = request.getfixturevalue(case.draft)
     cpp = cpp_baseline.run_speculative_simple(
         target, draft, case.prompt, n_predict=case.n_predict, n_ctx=case.n_ctx, draft_max=case.draft_max,
         threads=THREADS, spec_type=case.spec_type, workdir=tmp_path, extra_args=case.cpp_args)
