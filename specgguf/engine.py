@@ -49,12 +49,14 @@ class Engine:
             spec = None if drafter is None else (str(info.path) if info is not None else drafter.kind)
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers, block)
             self.lengths = LengthController(self.draft_max)
-            if hasattr(drafter, "lazy"):
-                drafter.lazy = True  # no draft catch-up in rounds that do not draft (model kind)
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")
             self.draft_max = draft_max
+        if hasattr(drafter, "lazy"):
+            # auto: no draft catch-up in rounds that do not draft (model kind); fixed lengths
+            # keep llama.cpp's eager order, bit for bit
+            drafter.lazy = self.lengths is not None
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
                  sampling: SamplingParams | None = None) -> "Generation":
