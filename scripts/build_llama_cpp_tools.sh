@@ -53,7 +53,7 @@ if [[ -x $BIN && -f $DEST/stamp && "$(cat "$DEST/stamp")" == "$STAMP_TEXT" ]]; t
     exit 0
 fi
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/specgguf-llama-build.XXXXXX")
+WORK=$(mktemp -d -t specgguf-llama-build.XXXXXX)  # in $TMPDIR
 trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
 

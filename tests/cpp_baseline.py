@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def run_speculative_simple(target, draft, prompt: str, *, n_predict: int, n_ctx:
     exe = find_tool()
     if exe is None:
         raise FileNotFoundError(f"{TOOL} is not built in {tools_dir()}; run {BUILD_SCRIPT}")
-    workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
+    workdir = Path(workdir or tempfile.gettempdir())
     pfile = write_prompt_file(workdir / f"prompt-{os.getpid()}.txt", prompt)
     args = [str(exe), "-m", str(target), "-f", str(pfile), "-n", str(n_predict), "-c", str(n_ctx),
             "-fit", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
