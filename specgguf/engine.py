@@ -48,7 +48,8 @@ class Engine:
             info = getattr(drafter, "info", None)
             spec = None if drafter is None else (str(info.path) if info is not None else drafter.kind)
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers, block)
-            self.lengths = LengthController(self.draft_max)
+            # prior acceptance: an n-gram continuation found in the text is usually right
+            self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")

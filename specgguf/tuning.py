@@ -33,10 +33,15 @@ class Costs:
     draft_step: float | None = None  # per drafted token (sequential drafters)
     block: bool = False  # one pass per block (dflash/dspark): no per-token draft cost
     smoothing: float = 0.25
+    fresh: set = field(default_factory=set)  # widths measured by this process (not just loaded)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.verify.get(n)
-        self.verify[n] = seconds if old is None else old + self.smoothing * (seconds - old)
+        # a width's first measurement here replaces what the cache said: that was another
+        # run, maybe on a busier machine
+        self.verify[n] = seconds if old is None or n not in self.fresh else old + self.smoothing * (seconds - old)
+        self.fresh.add(n)
+        self._fit = None
 
     def observe_draft(self, n: int, seconds: float) -> None:
         if n <= 0:
@@ -50,21 +55,40 @@ class Costs:
             self.draft_step += self.smoothing * (per_step - self.draft_step)
 
     def verify_cost(self, n: int) -> float | None:
-        """Measured V(n), else a straight line through the measured widths (V grows with n on
-        CPUs, where every verified position pays the output layer; it is flat on big GPUs)."""
-        if n in self.verify:
-            return self.verify[n]
-        if not self.verify:
-            return None
+        """V(n) from a straight line fitted through the measured widths, V(0) measured
+        directly. A line is what the hardware does (on a CPU every verified position adds the
+        output layer's cost; on a big GPU the line is flat), and fitting one averages out the
+        noise of single widths, extrapolates to widths never tried, and keeps one busy moment
+        from making a length look too dear to try again. Clamped to V(0) <= V(n) <= (n+1) V(0)."""
+        base = self.verify.get(0)
+        if n == 0 or not self.verify:
+            return base if n == 0 else None
+        line = self._line()
+        v = line[0] + line[1] * n if line else next(iter(self.verify.values()))
+        if base is None:
+            return v
+        return min(max(v, base), (n + 1) * base)
+
+    def _line(self):
+        """(intercept, slope) of the least-squares line through the measured widths; None
+        with fewer than two widths. Cached until the next observation (asked every round)."""
+        if getattr(self, "_fit", None) is None:
+            self._fit = (self._fit_line(),)
+        return self._fit[0]
+
+    def _fit_line(self):
         pts = sorted(self.verify.items())
-        if len(pts) == 1:
-            return pts[0][1]
-        lo = max((p for p in pts if p[0] < n), default=pts[0], key=lambda p: p[0])
-        hi = min((p for p in pts if p[0] > n), default=pts[-1], key=lambda p: p[0])
-        if lo[0] == hi[0]:  # beyond the measured range: extend the last segment's slope
-            (x0, y0), (x1, y1) = (pts[-2], pts[-1]) if n > pts[-1][0] else (pts[0], pts[1])
-            return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), 0.0)
-        return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+        mine = [p for p in pts if p[0] in self.fresh]
+        if len(mine) >= 2:  # once this process has its own widths, the cache's stop counting
+            pts = mine
+        if len(pts) < 2:
+            return None
+        xs = [float(x) for x, _ in pts]
+        ys = [y for _, y in pts]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        return my - slope * mx, max(slope, 0.0)
 
     def draft_cost(self, n: int) -> float:
         if n <= 0 or self.draft_round is None:
@@ -102,14 +126,20 @@ class Acceptance:
             self.accepted[i] += 1.0 if i < n_accepted else 0.0
 
     def rates(self) -> list[float]:
-        return [(a + self.weight * self.prior) / (t + self.weight) for a, t in zip(self.accepted, self.tried)]
+        """Each position's estimate leans on the one before it (acceptance is strongly
+        correlated along a draft), the first on the prior: untested positions inherit."""
+        out, lean = [], self.prior
+        for a, t in zip(self.accepted, self.tried):
+            lean = (a + self.weight * lean) / (t + self.weight)
+            out.append(lean)
+        return out
 
 
 def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
     """The n in 0..n_max with the best expected tokens per second (0 when nothing pays)."""
     if not costs.verify:
         return min(n_max, 2)  # nothing measured yet: a short draft measures both sides
-    if 0 not in costs.verify:
+    if 0 not in costs.fresh:
         return 0  # then one plain round: the baseline every other length is compared with
     best_n, best_rate = 0, 1.0 / costs.verify[0]
     for n in range(1, n_max + 1):
@@ -123,12 +153,14 @@ def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
 class LengthController:
     """Chooses n each round and learns from what the round cost and accepted."""
 
-    def __init__(self, n_max: int, costs: Costs | None = None, prior: float = 0.5, probe_every: int = 16):
+    def __init__(self, n_max: int, costs: Costs | None = None, prior: float = 0.6, probe_every: int = 8):
         self.n_max = n_max
         self.costs = costs or Costs()
         self.acceptance = Acceptance(n_max, prior)
         self.probe_every = probe_every
-        self._idle = 0
+        self.rebase_every = 32
+        self._probe_after = probe_every
+        self._idle = self._rounds = self._since_plain = 0
 
     def reset(self) -> None:
         """A new generation: acceptance is per text, costs carry over."""
@@ -137,13 +169,28 @@ class LengthController:
 
     def next_length(self) -> int:
         n = choose_length(self.costs, self.acceptance.rates(), self.n_max)
+        self._rounds += 1
         if n == 0:
+            self._since_plain = 0
             self._idle += 1
-            if self._idle >= self.probe_every:  # a cheap look at whether drafting pays again
+            if self._idle >= self._probe_after:  # a cheap look at whether drafting pays again
                 self._idle = 0
+                # If even certain acceptance would not pay, costs (not the text) rule drafting
+                # out: look again ever more rarely. Otherwise the text may turn repetitive:
+                # keep looking at the base rate.
+                certain = choose_length(self.costs, [1.0] * self.n_max, self.n_max) > 0
+                self._probe_after = self.probe_every if certain else min(2 * self._probe_after, 512)
                 return min(2, self.n_max)
         else:
             self._idle = 0
+            self._since_plain += 1
+            if self._since_plain >= self.rebase_every:  # re-measure the baseline V(0) now and then
+                self._since_plain = 0
+                return 0
+            # now and then one step longer than the best guess, while that width has not been
+            # measured in this process: costs learned elsewhere get checked, not trusted
+            if n < self.n_max and (n + 1) not in self.costs.fresh and self._rounds % 4 == 0:
+                return n + 1
         return n
 
     def record(self, n_asked: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:

@@ -68,10 +68,20 @@ def test_acceptance_learns_and_forgets():
     assert acc.rates()[1] > 0.85 * 0.8 ** 20  # position 2 was not tested: it keeps its (decayed) record
 
 
-def test_controller_probes_after_idle_rounds():
-    ctl = LengthController(4, costs(10e-3, 10e-3, draft_round=5e-3, draft_step=5e-3), prior=0.1, probe_every=5)
+def test_controller_probes_while_the_text_may_change():
+    """Drafting would pay if acceptance rose: probe at the base rate."""
+    ctl = LengthController(4, costs(10e-3, 1e-3, draft_round=0.5e-3, draft_step=0.5e-3), prior=0.05, probe_every=5)
     picks = [ctl.next_length() for _ in range(10)]
     assert picks.count(0) == 8 and picks[4] > 0 and picks[9] > 0
+
+
+def test_controller_backs_off_when_costs_rule_drafting_out():
+    """Even certain acceptance would not pay (every verified position costs a full pass, the
+    draft is not free): probes get ever rarer instead of taxing plain decoding."""
+    ctl = LengthController(4, costs(10e-3, 10e-3, draft_round=5e-3, draft_step=5e-3), prior=0.1, probe_every=5)
+    picks = [ctl.next_length() for _ in range(80)]
+    probes = [i for i, n in enumerate(picks) if n > 0]
+    assert probes[:3] == [4, 14, 34]  # after 5, then 10, then 20 idle rounds
 
 
 def test_profile_cache_misses_when_the_model_file_changes(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ class ModelDrafter:
                                       n_threads=n_threads, ctx_other=target.ctx)
             self.batch = native.Batch(self.ctx)
             self._pending = []
+            self._kv_end = 0
         except BaseException:
             self.close()
             raise
@@ -43,6 +44,7 @@ class ModelDrafter:
     def reset(self) -> None:
         self.ctx.clear()
         self._pending: list[tuple[int, int]] = []  # (token, position) not yet in the draft cache
+        self._kv_end = 0  # one past the highest position in the draft's cache
 
     def begin(self, history) -> None:
         pass
@@ -59,6 +61,7 @@ class ModelDrafter:
         for start in range(0, len(tokens), b.capacity):
             b.clear().add_tokens(tokens[start:start + b.capacity], pos0 + start, "none")
             self.ctx.decode(b)
+        self._kv_end = max(self._kv_end, pos0 + len(tokens))
 
     def _catch_up(self) -> None:
         if self._pending:
@@ -73,6 +76,7 @@ class ModelDrafter:
         ctx, b = self.ctx, self.batch
         b.clear().add_token(id_last, pos0, True)
         ctx.decode(b)
+        self._kv_end = max(self._kv_end, pos0 + max(n_max, 1) + 1)  # an upper bound is enough
         out: list[int] = []
         qs: list = []
         recent = sampler.window(history, id_last) if sampler is not None else []
@@ -100,8 +104,12 @@ class ModelDrafter:
         return out
 
     def rollback(self, pos: int) -> None:
-        self._pending = [(t, p) for t, p in self._pending if p < pos]
-        self.ctx.seq_rm(pos)
+        pending = self._pending
+        while pending and pending[-1][1] >= pos:  # positions ascend: trim from the end
+            pending.pop()
+        if self._kv_end > pos:  # skip the call when the cache holds nothing from pos on
+            self.ctx.seq_rm(pos)
+            self._kv_end = pos
 
     def accept(self, n_accepted: int) -> None:
         pass
