@@ -54,6 +54,16 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
+def top10_prob(logits, tok: int) -> float:
+    """llama.cpp's draft confidence for --draft-p-min: the softmax over the 10 best logits
+    (not the whole vocabulary) at token `tok`."""
+    import numpy as np
+
+    top = np.partition(logits, -10)[-10:]
+    top = np.exp(top - top.max())
+    return float(np.exp(logits[tok] - logits.max()) / top.sum())
+
+
 KINDS = ("model", "ngram", "eagle3", "dflash", "dspark")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import native
 from ..compat import check_hidden_state_pair
+from . import top10_prob  # noqa: F401  (re-exported for eagle3/dflash)
 
 
 class HiddenStateDrafter:
@@ -63,10 +64,3 @@ class HiddenStateDrafter:
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
-
-
-def top10_prob(logits: np.ndarray, tok: int) -> float:
-    """llama.cpp's draft confidence: softmax over the 10 best logits (not the whole vocab)."""
-    top = np.partition(logits, -10)[-10:]
-    top = np.exp(top - top.max())
-    return float(np.exp(logits[tok] - logits.max()) / top.sum())

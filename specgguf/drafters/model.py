@@ -8,10 +8,10 @@ id_last and then each greedy draft token; the caller rolls those cells back righ
 
 from __future__ import annotations
 
-import numpy as np
 
 from .. import native
 from ..compat import check_shared_vocab
+from . import top10_prob
 
 
 class ModelDrafter:
@@ -85,7 +85,7 @@ class ModelDrafter:
             logits = ctx.logits(0)
             # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
             # token would skew the proposals away from the q that `ratio` is told about
-            if self.p_min > 0 and _top10_prob(logits, int(logits.argmax())) < self.p_min:
+            if self.p_min > 0 and top10_prob(logits, int(logits.argmax())) < self.p_min:
                 break
             if sampler is None:
                 tok, q = int(logits.argmax()), None
@@ -119,10 +119,3 @@ class ModelDrafter:
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
-
-
-def _top10_prob(logits: np.ndarray, tok: int) -> float:
-    """llama.cpp's draft confidence: softmax over the 10 best logits (not the whole vocab)."""
-    top = np.partition(logits, -10)[-10:]
-    top = np.exp(top - top.max())
-    return float(np.exp(logits[tok] - logits.max()) / top.sum())
