@@ -17,13 +17,12 @@ has no eagle3 equivalent even with the patches and is refused.
 
 from __future__ import annotations
 
-from gguf import GGUFValueType as VT
 
 from specgguf.errors import UserError
 
 from .checkpoints import Kind, get_float, get_int, rope_parameters
 from .deepspec import _Need
-from .eagle3 import _absolute_d2t, _unrotate_half
+from .eagle3 import _absolute_d2t, _unrotate_half, add_eagle3_keys
 from .safetensors import Weights
 from .targets import check_target_layers, check_vocab, check_width, warn_if_cannot_feed
 from .writer import DraftPlan
@@ -121,22 +120,10 @@ def plan_deepspec_eagle3(config: dict, weights: Weights, kind: Kind, target, hea
     need.check_unused(warn)
 
     # -- metadata ----------------------------------------------------------------------------
-    add = plan.add
-    add("context_length", get_int(config, "max_position_embeddings", default=target.n_ctx_train or 32768), VT.UINT32)
-    add("embedding_length", H, VT.UINT32)
-    add("block_count", 1, VT.UINT32)
-    add("feed_forward_length", I, VT.UINT32)
-    add("attention.head_count", n_head, VT.UINT32)
-    add("attention.head_count_kv", n_kv, VT.UINT32)
-    add("attention.key_length", hd, VT.UINT32)
-    add("attention.value_length", hd, VT.UINT32)
-    add("attention.layer_norm_rms_epsilon", eps, VT.FLOAT32)
-    add("rope.freq_base", theta, VT.FLOAT32)
-    add("rope.dimension_count", hd, VT.UINT32)
-    add("target_layers", gguf_ids, VT.ARRAY, VT.INT32)
-    add("target_hidden_size", Ht, VT.UINT32)
-    add("norm_before_residual", False, VT.BOOL)  # DeepSpec's residual is the raw fused feature
-    add("norm_before_fc", False, VT.BOOL)
+    # DeepSpec's residual is the raw fused feature: no norm before the residual or the fc
+    add_eagle3_keys(plan, n_ctx=get_int(config, "max_position_embeddings", default=target.n_ctx_train or 32768),
+                    width=H, n_ff=I, n_head=n_head, n_kv=n_kv, head_dim=hd, eps=eps, theta=theta,
+                    layer_ids=gguf_ids, target_width=Ht, norm_before_residual=False, norm_before_fc=False)
     plan.summary = {"kind": kind.name, "backbone": kind.backbone, "target_layers": gguf_ids,
                     "deepspec_layers": ids, "block_size": None, "head": head, "n_layer": 1,
                     "draft_vocab": Vd if has_d2t else None, "runtime": PATCH_NOTE}

@@ -106,22 +106,11 @@ def plan_eagle3(config: dict, weights: Weights, kind: Kind, target, head: str, w
         raise UserError(f"EAGLE-3 draft with RoPE type {rope_type!r}: only default and llama3 are supported")
     names.check_unused(skip={"embed_tokens.weight"})
 
-    add = plan.add
-    add("context_length", get_int(config, "max_position_embeddings", default=target.n_ctx_train or 4096), VT.UINT32)
-    add("embedding_length", Hd, VT.UINT32)
-    add("block_count", 1, VT.UINT32)
-    add("feed_forward_length", I, VT.UINT32)
-    add("attention.head_count", n_head, VT.UINT32)
-    add("attention.head_count_kv", n_kv, VT.UINT32)
-    add("attention.key_length", hd, VT.UINT32)
-    add("attention.value_length", hd, VT.UINT32)
-    add("attention.layer_norm_rms_epsilon", eps, VT.FLOAT32)
-    add("rope.freq_base", theta, VT.FLOAT32)
-    add("rope.dimension_count", hd, VT.UINT32)
-    add("target_layers", list(ids), VT.ARRAY, VT.INT32)
-    add("target_hidden_size", Ht, VT.UINT32)
-    add("norm_before_residual", bool(config.get("norm_before_residual", False)), VT.BOOL)
-    add("norm_before_fc", norm_before_fc, VT.BOOL)
+    add_eagle3_keys(plan, n_ctx=get_int(config, "max_position_embeddings", default=target.n_ctx_train or 4096),
+                    width=Hd, n_ff=I, n_head=n_head, n_kv=n_kv, head_dim=hd, eps=eps, theta=theta,
+                    layer_ids=list(ids), target_width=Ht,
+                    norm_before_residual=bool(config.get("norm_before_residual", False)),
+                    norm_before_fc=norm_before_fc)
     plan.summary = {"kind": kind.name, "backbone": "llama", "target_layers": list(ids),
                     "block_size": None, "draft_vocab": Vd, "head": head, "n_layer": 1}
     return plan
@@ -211,3 +200,25 @@ class _Names:
         if extra:
             raise UserError(f"checkpoint has tensors the converter does not know ({', '.join(extra[:3])}"
                             f"{', ...' if len(extra) > 3 else ''}): not a standard EAGLE-3 export")
+
+
+def add_eagle3_keys(plan, *, n_ctx: int, width: int, n_ff: int, n_head: int, n_kv: int, head_dim: int,
+                    eps: float, theta: float, layer_ids: list, target_width: int,
+                    norm_before_residual: bool, norm_before_fc: bool) -> None:
+    """The `eagle3.*` keys llama.cpp reads (one decoder layer), for every EAGLE-3 flavour."""
+    add = plan.add
+    add("context_length", n_ctx, VT.UINT32)
+    add("embedding_length", width, VT.UINT32)
+    add("block_count", 1, VT.UINT32)
+    add("feed_forward_length", n_ff, VT.UINT32)
+    add("attention.head_count", n_head, VT.UINT32)
+    add("attention.head_count_kv", n_kv, VT.UINT32)
+    add("attention.key_length", head_dim, VT.UINT32)
+    add("attention.value_length", head_dim, VT.UINT32)
+    add("attention.layer_norm_rms_epsilon", eps, VT.FLOAT32)
+    add("rope.freq_base", theta, VT.FLOAT32)
+    add("rope.dimension_count", head_dim, VT.UINT32)
+    add("target_layers", list(layer_ids), VT.ARRAY, VT.INT32)
+    add("target_hidden_size", target_width, VT.UINT32)
+    add("norm_before_residual", norm_before_residual, VT.BOOL)
+    add("norm_before_fc", norm_before_fc, VT.BOOL)
