@@ -199,16 +199,17 @@ def run_speculative_simple(target, draft, prompt: str, *, n_predict: int, n_ctx:
         args += ["-lv", "5"]
     args += [str(a) for a in extra_args]
     try:
-        for _ in range(3):
+        for _ in range(5):
             proc = subprocess.run(args, capture_output=True, timeout=timeout)
             out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
             if proc.returncode != 0:
                 raise RuntimeError(f"{TOOL} exited with {proc.returncode}:\n{' '.join(args)}\n{err[-3000:]}")
             # Seen on a loaded 2-core machine: the log thread's stderr sometimes stops early
-            # (stdout complete, exit code 0). The summary is logged last, so its presence
-            # means nothing before it was lost; the run is deterministic, so run it again.
-            if _COUNT.search(err):
+            # (stdout complete, exit code 0), even inside the summary. The summary is logged
+            # last, so all of its counts present means nothing was lost; the run is
+            # deterministic, so otherwise run it again.
+            if {k for k, _ in _COUNT.findall(err)} >= {"n_predict", "n_drafted", "n_accept"}:
                 return parse(out, err, n_predict, args)
-        raise RuntimeError(f"{TOOL} printed no summary in 3 runs:\n{' '.join(args)}\n{err[-3000:]}")
+        raise RuntimeError(f"{TOOL} printed no complete summary in 5 runs:\n{' '.join(args)}\n{err[-3000:]}")
     finally:
         pfile.unlink(missing_ok=True)
