@@ -21,7 +21,7 @@ from gguf import GGUFValueType as VT
 from specgguf.errors import UserError
 
 from .checkpoints import Kind, get_float, get_int, rope_parameters
-from .safetensors import FLOAT_DTYPES, Weights
+from .safetensors import Weights, check_float_tensor
 from .targets import check_target_layers, check_vocab, check_width, warn_if_cannot_feed
 from .writer import DraftPlan
 
@@ -186,11 +186,7 @@ class _Names:
             raise UserError(f"checkpoint lacks tensor {name}: the weights are incomplete or do not "
                             "match config.json")
         t = self.weights[full]
-        if tuple(t.shape) != tuple(shape):
-            raise UserError(f"tensor {name} has shape {list(t.shape)} but config.json implies "
-                            f"{list(shape)}: the weights do not match the config")
-        if t.dtype not in FLOAT_DTYPES:
-            raise UserError(f"tensor {name} is {t.dtype}; only BF16, F16 and F32 weights are supported")
+        check_float_tensor(t, name, shape)
         self.used.add(full)
         return t
 

@@ -174,6 +174,16 @@ class SafetensorsFile:
                 pass  # numpy views still alive: the map is freed with them
 
 
+def check_float_tensor(t, name: str, shape) -> None:
+    """The one rule every converter applies to a weight it reads: the shape config.json implies
+    and a float type (one line naming the tensor otherwise)."""
+    if tuple(t.shape) != tuple(shape):
+        raise UserError(f"tensor {name} has shape {list(t.shape)} but config.json implies "
+                        f"{list(shape)}: the weights do not match the config")
+    if t.dtype not in FLOAT_DTYPES:
+        raise UserError(f"tensor {name} is {t.dtype}; only BF16, F16 and F32 weights are supported")
+
+
 class Weights:
     """All tensors of a checkpoint directory, across shards, by name."""
 
