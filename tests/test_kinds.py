@@ -22,24 +22,16 @@ def kinds_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def counting_target(kinds_dir):
-    return write_qwen3(kinds_dir / "counting.gguf", counting=True)
-
-
-@pytest.fixture(scope="module")
-def drafts(kinds_dir):
-    d = kinds_dir
+def drafts(kinds_dir, hidden_drafts):
+    """conftest's shared synthetic drafts (the counting target comes from there too), plus
+    the two only these tests need."""
+    h = hidden_drafts
     return {
-        "eagle3-own": write_eagle3(d / "e3.gguf"),
-        "eagle3-shared": write_eagle3(d / "e3s.gguf", own_head=False),
-        "eagle3-counting": write_eagle3(d / "e3c.gguf", counting_target_seed=0),
-        "dflash-own": write_dflash(d / "df.gguf"),
-        "dflash-shared": write_dflash(d / "dfs.gguf", own_head=False),
-        "dflash-anchor": write_dflash(d / "dfa.gguf", sample_from_anchor=True),
-        "dspark": write_dflash(d / "ds.gguf", markov=True, confidence=True),
-        "dspark-counting": write_dflash(d / "dsc.gguf", markov=True, confidence=True, counting=True),
-        "dspark-counting-shared": write_dflash(d / "dscs.gguf", markov=True, confidence=True, counting=True,
-                                               own_head=False),
+        "eagle3-own": h["eagle3"], "eagle3-shared": h["eagle3-shared"], "eagle3-counting": h["eagle3-counting"],
+        "dflash-own": h["dflash"], "dflash-shared": h["dflash-shared"],
+        "dflash-anchor": write_dflash(kinds_dir / "dfa.gguf", sample_from_anchor=True),
+        "dspark": write_dflash(kinds_dir / "ds.gguf", markov=True, confidence=True),
+        "dspark-counting": h["dspark-counting"], "dspark-counting-shared": h["dspark-counting-shared"],
     }
 
 
