@@ -112,16 +112,23 @@ def add_tokenizer(writer, n_merges: int, mask: bool = True, swap: tuple[int, int
     return len(tokens)
 
 
-def qwen3_weights(shape: QwenShape, n_vocab: int, seed: int) -> dict[str, np.ndarray]:
-    """Random weights with GGUF names; numpy shapes are (ne1, ne0) as gguf expects."""
+def _initializers(seed: int):
+    """(mat, norm): seeded random matrices scaled 1/sqrt(fan-in) and RMS-norm weights near 1."""
     rng = np.random.default_rng(seed)
-    H, hd, I = shape.n_embd, shape.head_dim, shape.n_ff
 
     def mat(rows, cols, scale=None):
         return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    return mat, norm
+
+
+def qwen3_weights(shape: QwenShape, n_vocab: int, seed: int) -> dict[str, np.ndarray]:
+    """Random weights with GGUF names; numpy shapes are (ne1, ne0) as gguf expects."""
+    mat, norm = _initializers(seed)
+    H, hd, I = shape.n_embd, shape.head_dim, shape.n_ff
 
     w = {"token_embd.weight": mat(n_vocab, H, 1.0), "output_norm.weight": norm(H)}
     if not shape.tied:
@@ -280,14 +287,8 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
     w.add_array("eagle3.target_layers", [int(x) for x in layers])
     w.add_uint32("eagle3.target_hidden_size", target_hidden_size or target.n_embd)
     w.add_bool("eagle3.norm_before_residual", False)
-    rng = np.random.default_rng(seed)
+    mat, norm = _initializers(seed)
     H, Ht, hd = shape.n_embd, target_hidden_size or target.n_embd, shape.head_dim
-
-    def mat(rows, cols, scale=None):
-        return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     t = {"fc.weight": mat(H, len(layers) * Ht), "output_norm.weight": norm(H),
          "blk.0.attn_norm.weight": norm(H), "blk.0.attn_norm_2.weight": norm(H),
@@ -333,13 +334,7 @@ def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
         w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
     if markov:
         w.add_bool("dflash.has_confidence_head", confidence)
-    rng = np.random.default_rng(seed)
-
-    def mat(rows, cols, scale=None):
-        return (rng.standard_normal((rows, cols)) * (scale or cols ** -0.5)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    mat, norm = _initializers(seed)
 
     t = {"fc.weight": mat(H, len(layers) * H), "enc.output_norm.weight": norm(H), "output_norm.weight": norm(H)}
     for i in range(shape.n_layer):
