@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import weakref
 from functools import cached_property
 
 import numpy as np
@@ -118,17 +119,27 @@ ext = _Ext()
 
 
 class _Owned:
-    """Base for objects that own one C pointer and free it exactly once."""
+    """Base for objects that own one C pointer and free it exactly once.
+
+    Ownership: a child (a context on a model, a batch on a context, a draft context linked
+    to a target context through ctx_other) holds a reference to its parent, so the parent
+    outlives it, and registers with it, so that closing the parent closes the child first.
+    Every access goes through `ptr`, which raises a clear error once the handle is closed
+    instead of handing llama.cpp a freed pointer; close() is idempotent."""
 
     _ptr = None
 
     def _free(self, ptr):  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _adopt_by(self, parent: "_Owned") -> None:
+        kids = parent.__dict__.setdefault("_children", weakref.WeakSet())
+        kids.add(self)
+
     @property
     def ptr(self):
         if self._ptr is None:
-            raise LlamaError(f"{type(self).__name__} is closed")
+            raise LlamaError(f"this {type(self).__name__.lower()} is closed (it was freed by close())")
         return self._ptr
 
     @property
@@ -136,6 +147,8 @@ class _Owned:
         return self._ptr is None
 
     def close(self) -> None:
+        for child in list(self.__dict__.get("_children", ())):
+            child.close()
         ptr, self._ptr = self._ptr, None
         if ptr is not None:
             self._free(ptr)
@@ -166,7 +179,7 @@ class Model(_Owned):
             raise UserError(f"llama.cpp could not load {self.path}; run with --verbose to see why "
                             "(a GGUF from a newer llama.cpp, or a damaged file)")
         self._ptr = ptr
-        self.vocab = C.llama_model_get_vocab(ptr)
+        self._vocab = C.llama_model_get_vocab(ptr)  # owned by the model: reach it through `vocab`
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_embd = C.llama_model_n_embd(ptr)
         self.n_layer = C.llama_model_n_layer(ptr)
@@ -179,6 +192,11 @@ class Model(_Owned):
 
     def _free(self, ptr):
         C.llama_model_free(ptr)
+
+    @property
+    def vocab(self):
+        self.ptr  # noqa: B018  (raises once the model is closed)
+        return self._vocab
 
     def meta(self, key: str) -> str | None:
         """A scalar metadata value as text (arrays are not readable this way)."""
@@ -258,8 +276,11 @@ class Context(_Owned):
             raise LlamaError(f"llama.cpp could not create a context for {model.path} "
                              f"(n_ctx={n_ctx}); try a smaller --ctx, or --verbose to see why")
         self._ptr = ptr
-        self.model = model
-        self.mem = C.llama_get_memory(ptr)
+        self.model, self.other = model, ctx_other  # parents outlive the context
+        self._adopt_by(model)
+        if ctx_other is not None:
+            self._adopt_by(ctx_other)  # a draft context reads the target's: freed before it
+        self._mem = C.llama_get_memory(ptr)
         self.n_ctx = C.llama_n_ctx(ptr)
         self.n_batch = C.llama_n_batch(ptr)
         self.n_ubatch = C.llama_n_ubatch(ptr)
@@ -268,6 +289,11 @@ class Context(_Owned):
 
     def _free(self, ptr):
         C.llama_free(ptr)
+
+    @property
+    def mem(self):
+        self.ptr  # noqa: B018  (raises once the context is closed)
+        return self._mem
 
     def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
         C.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
@@ -363,6 +389,8 @@ class Batch(_Owned):
         if not ptr:
             raise LlamaError("llama_batch_ext_init failed")
         self._ptr = ptr
+        self.ctx = ctx
+        self._adopt_by(ctx)
         self.capacity = ctx.n_batch
         self.n_tokens = 0
         self._pos = (C.llama_pos * 4)()
