@@ -14,7 +14,6 @@ target's logits go through `Sampler.probs` and the `exact` or `ratio` rule decid
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Iterator
 
@@ -43,24 +42,19 @@ class Engine:
             from .profiling import ProfileStore
             from .tuning import LengthController
 
-            self.draft_max = getattr(drafter, "max_length", AUTO_MAX)
-            block = getattr(drafter, "kind", "") in ("dflash", "dspark")
-            info = getattr(drafter, "info", None)
-            spec = None if drafter is None else (str(info.path) if info is not None else drafter.kind)
-            self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers, block)
+            self.draft_max = AUTO_MAX if drafter is None else drafter.max_length
+            spec = None if drafter is None else drafter.profile_id
+            self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
+                                        drafter is not None and drafter.block)
             # prior acceptance: an n-gram continuation found in the text is usually right
             self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")
             self.draft_max = draft_max
-        if hasattr(drafter, "lazy"):
-            # auto: no draft catch-up in rounds that do not draft (model kind); fixed lengths
-            # keep llama.cpp's eager order, bit for bit
-            drafter.lazy = self.lengths is not None
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
-                 sampling: SamplingParams | None = None) -> "Generation":
+                 sampling: SamplingParams | None = None, cancelled=None) -> "Generation":
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
             raise UserError("the prompt is empty: give some text with --prompt")
@@ -71,23 +65,30 @@ class Engine:
             raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
-        return Generation(self, list(prompt_tokens), int(max_tokens), sampling)
+        return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled)
 
 
 class Generation:
     """One generation: iterate it for tokens; `stats` and `finish_reason` fill in as it runs.
 
     finish_reason: "stop" (end-of-generation token, or a stop string found by the caller),
-    "length" (max_tokens reached), "context" (the context window is full).
+    "length" (max_tokens reached), "context" (the context window is full), "cancelled"
+    (`cancelled()` said yes: it is asked between prefill chunks and before every round, from
+    the thread that iterates, so another thread can stop a long prompt).
+
+    The target's context is held from the first token asked for until the generation ends or
+    is closed (`Target.acquire`): one generation at a time per model.
     """
 
-    def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None):
+    def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None,
+                 cancelled=None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
+        self.cancelled = cancelled or (lambda: False)
         # None: plain greedy, the hot path that touches no probability vector at all
         plain = sampling is None or (sampling.greedy and not sampling.penalized)
         self.sampler = None if plain else Sampler(sampling)
         self._drafter_samples = self.sampler is not None and engine.drafter is not None \
-            and _takes_sampler(engine.drafter)
+            and engine.drafter.samples
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
@@ -110,10 +111,16 @@ class Generation:
         ctx, batch = target.ctx, target.batch
         ctx.clear()
         if drafter is not None:
+            if drafter.supports_lazy:
+                # auto: no draft catch-up in rounds that do not draft (model kind); fixed
+                # lengths keep llama.cpp's eager order, bit for bit
+                drafter.lazy = self.engine.lengths is not None
             drafter.reset()
         t0 = time.perf_counter()
         body = prompt[:-1]
         for start in range(0, len(body), ctx.n_batch):
+            if self.cancelled():
+                return False
             chunk = body[start:start + ctx.n_batch]
             batch.clear().add_tokens(chunk, start, "none")
             ctx.decode(batch)
@@ -122,6 +129,7 @@ class Generation:
         if drafter is not None:
             drafter.begin(body)
         self.stats.prefill_s = time.perf_counter() - t0
+        return True
 
     def _draft(self, history, id_last: int, pos0: int, n_max: int):
         """(draft tokens, their q vectors or None = point masses), cut to this round's cap."""
@@ -129,7 +137,7 @@ class Generation:
         if not self._drafter_samples:
             return drafter.draft(history, id_last, pos0, n_max)[:n_max], None
         draft = drafter.draft(history, id_last, pos0, n_max, sampler=sampler)[:n_max]
-        qs = getattr(drafter, "last_q", None)
+        qs = drafter.last_q
         if qs is not None:
             if len(qs) < len(draft):
                 raise RuntimeError(f"{drafter.kind} drafter gave {len(qs)} q vectors for {len(draft)} tokens")
@@ -150,6 +158,14 @@ class Generation:
         return accept_ratio(p_at, qs, draft, sampler.rng, is_eog)
 
     def _run(self) -> Iterator[int]:
+        target = self.engine.target
+        target.acquire(self)
+        try:
+            yield from self._rounds()
+        finally:
+            target.release()
+
+    def _rounds(self) -> Iterator[int]:
         engine, stats = self.engine, self.stats
         target, drafter = engine.target, engine.drafter
         ctx, batch, model = target.ctx, target.batch, target.model
@@ -157,7 +173,9 @@ class Generation:
         if lengths is not None:
             lengths.reset()
         clock = time.perf_counter
-        self._prefill()
+        if not self._prefill():
+            self.finish_reason = "cancelled"
+            return
         history = self.prompt[:-1]  # tokens in the target's KV cache
         id_last, pos0 = self.prompt[-1], len(self.prompt) - 1
         t_start = clock()
@@ -169,6 +187,9 @@ class Generation:
                     return
                 if pos0 >= ctx.n_ctx:
                     self.finish_reason = "context"
+                    return
+                if self.cancelled():
+                    self.finish_reason = "cancelled"
                     return
                 # draft: as llama-speculative-simple, cap by the context and the token budget
                 t0 = clock()
@@ -222,12 +243,3 @@ class Generation:
             if engine.profile is not None:
                 engine.profile.save()
 
-
-
-def _takes_sampler(drafter) -> bool:
-    """Whether `drafter.draft` accepts `sampler=` (a kind that does not drafts greedily,
-    which `ratio` handles as point masses)."""
-    try:
-        return "sampler" in inspect.signature(drafter.draft).parameters
-    except (TypeError, ValueError):
-        return False

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 from . import native
+from .errors import UserError
 from .ggufinfo import GGUFInfo, read_gguf
+
+
+class BusyError(UserError, RuntimeError):
+    """A second generation was started on a context that is still generating in this thread
+    (another thread's generation is waited for instead)."""
 
 
 class Target:
@@ -22,6 +30,30 @@ class Target:
             raise
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = int(n_threads or native.default_threads())
+        # one generation at a time on the one context: llama.cpp aborts (or silently mixes
+        # two KV caches) when two decode on it at once
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self.active = None  # the generation holding the lock, if any
+
+    def acquire(self, generation) -> None:
+        """Hold the context for `generation`: wait while another thread's generation runs;
+        refuse (BusyError) a second one started by the thread that already holds it, where
+        waiting would never end (an unfinished stream() iterated beside another one)."""
+        me = threading.get_ident()
+        if not self._lock.acquire(blocking=False):
+            if self._owner == me:
+                raise BusyError("this model is already generating in this thread (an unfinished stream): "
+                                "finish or close() that generation first; one generation at a time per model")
+            self._lock.acquire()
+        if self.ctx.closed:
+            self._lock.release()
+            raise UserError("the model was closed: create a new one to generate again")
+        self._owner, self.active = me, generation
+
+    def release(self) -> None:
+        self._owner = self.active = None
+        self._lock.release()
 
     @property
     def n_ctx(self) -> int:
@@ -31,6 +63,19 @@ class Target:
         return self.model.tokenize(text, add_special=add_special, parse_special=True)
 
     def close(self) -> None:
+        """Free the batch, context and model; waits for another thread's generation to end,
+        and ends an unfinished one of this thread first."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            active = self.active
+            if active is not None and self._owner == threading.get_ident():
+                active.close("cancelled")  # runs its cleanup, which releases the lock
+            with lock:
+                self._close_handles()
+        else:
+            self._close_handles()
+
+    def _close_handles(self) -> None:
         for name in ("batch", "ctx", "model"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -1,57 +1,12 @@
-"""Draft kinds behind one small protocol (after llama.cpp's `common_speculative` hooks).
-
-The engine calls, per generation and per round (runtime-protocol.md §1):
-
-    reset()                           a new generation starts: forget all state
-    begin(history)                    once, after the prompt is in the target
-    process(tokens, pos0)             after EVERY target decode, with the same tokens
-    draft(history, id_last, pos0, n)  propose up to n tokens following id_last
-    rollback(pos)                     forget draft state at positions >= pos
-    accept(k)                         k of the proposed tokens were accepted
-
-`history` holds the tokens already in the target's KV cache (prompt and output so far);
-`id_last` is the newest token, not yet in the cache, at position `pos0`.
-
-Sampling (`verify.py`'s `ratio` rule needs the distribution each token was drafted from):
-
-    draft(..., sampler=None)          when sampling, the engine passes a `sampling.Sampler`;
-                                      pick each token with `tok, q = sampler.propose(logits,
-                                      sampler.window(history, id_last) + drafted_so_far)`
-    last_q                            after draft(): one q per returned token (the full-vocab
-                                      vector it was drawn from, or None for a point mass), or
-                                      None when every token was picked deterministically
-
-A kind whose draft() takes no `sampler` keeps drafting as it does, and `ratio` treats its
-tokens as point masses (acceptance p(d), residual p without d): still exact, only less
-accepted. Never stop or discard a draft because of a token you drew: decide on the draft's
-own top candidate first (see ModelDrafter's p_min), or the q you report is not the one the
-tokens came from.
-"""
+"""Draft kinds behind one protocol (`base.Drafter`, after llama.cpp's `common_speculative`
+hooks): `model`, `ngram`, `eagle3`, `dflash` and `dspark`, and `make_drafter`, which builds
+the right one from a CLI-style spec."""
 
 from __future__ import annotations
 
 import os
-from typing import Protocol, Sequence
 
-
-class Drafter(Protocol):
-    kind: str
-
-    def reset(self) -> None: ...
-
-    def begin(self, history: Sequence[int]) -> None: ...
-
-    def process(self, tokens: Sequence[int], pos0: int) -> None: ...
-
-    def draft(self, history: Sequence[int], id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]: ...
-
-    def rollback(self, pos: int) -> None: ...
-
-    def accept(self, n_accepted: int) -> None: ...
-
-    def describe(self) -> str: ...
-
-    def close(self) -> None: ...
+from .base import Drafter
 
 
 def top10_prob(logits, tok: int) -> float:

@@ -14,6 +14,8 @@ from .hidden import HiddenStateDrafter, top10_prob
 
 
 class DFlashDrafter(HiddenStateDrafter):
+    block = True
+
     def __init__(self, info, target, kind: str, draft_max: int | str = 8, **options):
         self.kind = kind
         super().__init__(info, target, **options)
@@ -48,7 +50,7 @@ class DFlashDrafter(HiddenStateDrafter):
                 b.add_embedding(feats[i], pos0 + i)  # writes K/V at the token's own position
             ctx.decode(b)
 
-    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+    def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         # The block length follows the configured n_max, not this round's cap: attention in
         # the block is non-causal, so its length changes every slot's prediction. The engine
         # truncates to the cap.

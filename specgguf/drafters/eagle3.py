@@ -67,7 +67,7 @@ class Eagle3Drafter(HiddenStateDrafter):
         self.verify_pos_first, self.pending_pos = pos0, pos0 + n - 1
         self.verify_g, self.pending_g = g, g[n - 1].copy()
 
-    def draft(self, history, id_last: int, pos0: int, n_max: int) -> list[int]:
+    def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         ctx, b = self.ctx, self.batch
         pos = self.pending_pos
         ctx.seq_rm(pos)

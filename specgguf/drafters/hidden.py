@@ -10,9 +10,10 @@ import numpy as np
 from .. import native
 from ..compat import check_hidden_state_pair
 from . import top10_prob  # noqa: F401  (re-exported for eagle3/dflash)
+from .base import Drafter
 
 
-class HiddenStateDrafter:
+class HiddenStateDrafter(Drafter):
     kind = "hidden"
 
     def __init__(self, info, target, n_threads: int | None = None, n_gpu_layers: int = 0,
@@ -46,14 +47,8 @@ class HiddenStateDrafter:
     def reset(self) -> None:
         self.ctx.clear()
 
-    def begin(self, history) -> None:
-        pass
-
     def rollback(self, pos: int) -> None:
         self.ctx.seq_rm(pos)
-
-    def accept(self, n_accepted: int) -> None:
-        pass
 
     def close(self) -> None:
         target = getattr(self, "target", None)

@@ -11,15 +11,14 @@ from __future__ import annotations
 from .. import native
 from ..compat import check_shared_vocab
 from . import top10_prob
+from .base import Drafter
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     kind = "model"
-    last_q = None  # per drafted token, the q it was sampled from (None: greedy, point masses)
-    # lazy: queue the catch-up on verified tokens until the next draft needs it, so rounds
-    # that do not draft (auto length chose 0) cost no draft pass; the engine sets it in
-    # auto mode. Fixed lengths keep llama.cpp's eager order (bit-for-bit parity with C++).
-    lazy = False
+    samples = True  # last_q: per drafted token, the q it was sampled from (None: greedy)
+    # lazy (auto mode only): fixed lengths keep llama.cpp's eager order, bit for bit
+    supports_lazy = True
 
     def __init__(self, info, target, n_gpu_layers: int = 0, n_threads: int | None = None,
                  p_min: float = 0.0, n_min: int = 0):
@@ -44,9 +43,6 @@ class ModelDrafter:
         self.ctx.clear()
         self._pending: list[tuple[int, int]] = []  # (token, position) not yet in the draft cache
         self._kv_end = 0  # one past the highest position in the draft's cache
-
-    def begin(self, history) -> None:
-        pass
 
     def process(self, tokens, pos0: int) -> None:
         if self.lazy:
@@ -109,9 +105,6 @@ class ModelDrafter:
         if self._kv_end > pos:  # skip the call when the cache holds nothing from pos on
             self.ctx.seq_rm(pos)
             self._kv_end = pos
-
-    def accept(self, n_accepted: int) -> None:
-        pass
 
     def close(self) -> None:
         for name in ("batch", "ctx", "model"):

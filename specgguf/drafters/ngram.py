@@ -8,10 +8,13 @@ matches are tried first: they predict better.
 
 from __future__ import annotations
 
+from .base import Drafter
 
-class NgramDrafter:
+
+class NgramDrafter(Drafter):
+    """A lookup is deterministic: every drafted token is a point mass for `ratio`."""
+
     kind = "ngram"
-    last_q = None  # a lookup is deterministic: every drafted token is a point mass for `ratio`
 
     def __init__(self, ngram_min: int = 2, ngram_max: int = 4):
         if not 1 <= ngram_min <= ngram_max:
@@ -42,9 +45,6 @@ class NgramDrafter:
                     break
                 index[tuple(seq[end - n + 1:end + 1])] = end
 
-    def process(self, tokens, pos0: int) -> None:
-        pass
-
     def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         if len(history) > len(self._seq):  # learn the tokens committed since the last round
             self._extend(history[len(self._seq):])
@@ -54,12 +54,3 @@ class NgramDrafter:
             if end is not None:
                 return text[end + 1:end + 1 + n_max]
         return []
-
-    def rollback(self, pos: int) -> None:
-        pass
-
-    def accept(self, n_accepted: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -1,0 +1,77 @@
+"""The one protocol every draft kind implements, as a base class: the engine reads what a
+drafter can do from these attributes instead of probing for them.
+
+Per generation and per round the engine calls (docs/loop.md):
+
+    reset()                           a new generation starts: forget all state
+    begin(history)                    once, after the prompt is in the target
+    process(tokens, pos0)             after EVERY target decode, with the same tokens
+    draft(history, id_last, pos0, n, sampler=None)
+                                      propose up to n tokens following id_last
+    rollback(pos)                     forget draft state at positions >= pos
+    accept(k)                         k of the proposed tokens were accepted
+
+`history` holds the tokens already in the target's KV cache (prompt and output so far);
+`id_last` is the newest token, not yet in the cache, at position `pos0`.
+
+Sampling (`verify.py`'s `ratio` rule needs the distribution each token was drafted from): a
+kind with `samples = True` takes the engine's `sampling.Sampler` in `draft(..., sampler=)`,
+picks each token with `tok, q = sampler.propose(logits, sampler.window(history, id_last) +
+drafted_so_far)` and leaves one q per returned token in `last_q` (None for a point mass; the
+attribute None when every token was picked deterministically). A kind with `samples = False`
+drafts as it always does and `ratio` treats its tokens as point masses: still exact, only
+less accepted. Never stop or discard a draft because of a token you drew: decide on the
+draft's own top candidate first (see ModelDrafter's p_min), or the q you report is not the
+one the tokens came from.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class Drafter:
+    """Base of every draft kind; the defaults are those of a stateless drafter."""
+
+    kind: str = "?"
+    # the longest draft one round can offer (auto lengths consider 0..max_length)
+    max_length: int = 8
+    # one draft pass makes the whole block (dflash/dspark): no per-token draft cost
+    block: bool = False
+    # draft(..., sampler=) draws tokens from a q it reports in last_q (see the module doc)
+    samples: bool = False
+    # lazy: may queue its catch-up on verified tokens until the next draft needs it, so
+    # rounds that do not draft cost nothing; the engine turns it on in auto mode only
+    supports_lazy: bool = False
+    lazy: bool = False
+    last_q: list | None = None
+
+    @property
+    def profile_id(self) -> str:
+        """What identifies this draft in cost profiles: the draft file, or the kind's name."""
+        info = getattr(self, "info", None)
+        return str(info.path) if info is not None else self.kind
+
+    def describe(self) -> str:
+        return self.kind
+
+    def reset(self) -> None:
+        pass
+
+    def begin(self, history: Sequence[int]) -> None:
+        pass
+
+    def process(self, tokens: Sequence[int], pos0: int) -> None:
+        pass
+
+    def draft(self, history: Sequence[int], id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
+        raise NotImplementedError
+
+    def rollback(self, pos: int) -> None:
+        pass
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
