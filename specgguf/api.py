@@ -17,6 +17,7 @@ from .chat import ChatFormat
 from .drafters import make_drafter
 from .engine import Engine
 from .responses import Shaper, openai_finish_reason
+from .sampling import SamplingParams
 from .stats import GenerationStats
 from .target import Target
 from .textstream import TextStream
@@ -89,6 +90,7 @@ class SpecGGUF:
             raise
         self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
+        self._plain: Engine | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -96,6 +98,7 @@ class SpecGGUF:
 
     # -- prompts ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        self._check_open()
         return self.target.tokenize(text, add_special)
 
     @property
@@ -106,6 +109,7 @@ class SpecGGUF:
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """Render `messages` with the chat format and tokenize it (no double BOS)."""
+        self._check_open()
         fmt = self.chat_format
         try:
             text = fmt.render(messages)
@@ -115,6 +119,7 @@ class SpecGGUF:
         return self.target.tokenize(text, add_special=not bos_in_text)
 
     def _prompt_tokens(self, prompt) -> list[int]:
+        self._check_open()
         prompt = params.prompt_value(prompt)
         if isinstance(prompt, str):
             return self.tokenize(prompt)
@@ -125,18 +130,31 @@ class SpecGGUF:
         return list(prompt)
 
     # -- generation ------------------------------------------------------------------------
-    def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None, sampling: dict | None = None):
-        """(generation, text chunks iterator) for already tokenized input.
+    def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None,
+                      sampling: "dict | SamplingParams | None" = None, speculate: bool = True,
+                      cancelled: Callable[[], bool] | None = None):
+        """(generation, text chunks iterator) for already tokenized input: the one way every
+        front end (CLI, chat, profile, server) runs a generation.
 
-        sampling: checked sampling fields (see `params.SAMPLING_FIELDS`); they reach the engine
-        once `specgguf.sampling` exists, and the engine is greedy until then.
+        sampling: checked sampling fields (see `params.SAMPLING_FIELDS`) or a `SamplingParams`.
+        speculate=False decodes plainly with the same target and the same loop (n = 0): the
+        fair baseline. cancelled: asked between prefill chunks and rounds (from the iterating
+        thread); when it says yes the generation ends with finish_reason "cancelled".
         """
-        sp = params.sampling_params(sampling or {})
-        if sp is None:
-            gen = self.engine.generate(prompt_tokens, max_tokens)
-        else:
-            gen = self.engine.generate(prompt_tokens, max_tokens, sampling=sp)
+        self._check_open()
+        sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
+        engine = self.engine if speculate else self._plain_engine()
+        gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled)
         return gen, TextStream(gen, self.target.model, stop)
+
+    def _plain_engine(self) -> Engine:
+        if self._plain is None:
+            self._plain = Engine(self.target, None, 1)
+        return self._plain
+
+    def _check_open(self) -> None:
+        if self.target is None:
+            raise params.RequestError("this SpecGGUF is closed: create a new one to generate again")
 
     def stream(self, prompt, max_tokens: int = 256, stop=None, **sampling) -> Iterator[Chunk]:
         """Yield `Chunk`s as text is verified; the last one carries finish_reason, tokens and stats.
@@ -158,6 +176,41 @@ class SpecGGUF:
                                        params.sampling_fields(sampling))
         out = "".join(text)
         return Result(out, list(gen.tokens), gen.finish_reason or "stop", gen.stats)
+
+    # -- cost profile ----------------------------------------------------------------------
+    def measure_costs(self, prompt_tokens: list[int], lengths=(1, 2, 3, 4, 6, 8), tokens: int = 48,
+                      repeats: int = 2):
+        """Run the real loop at fixed draft lengths (and plainly) on `prompt_tokens`; return the
+        measured `tuning.Costs`, which also land in the profile cache that `auto` starts from."""
+        from .profiling import ProfileStore
+
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise params.RequestError(f"tokens must be a whole number >= 1 (got {tokens!r})", param="tokens")
+        self._check_open()
+        target, drafter = self.target, self.drafter
+        spec = None if drafter is None else drafter.profile_id
+        store = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
+                             drafter is not None and drafter.block)
+        costs = store.costs_for(0)
+        costs.verify.clear()
+        costs.draft_round = costs.draft_step = None
+        costs.smoothing = 0.5
+        runs = [(None, 1)] + [(drafter, n) for n in lengths if drafter is not None]
+        for _ in range(repeats):
+            for d, n in runs:
+                gen = Engine(target, d, n).generate(prompt_tokens, tokens)
+                for _tok in gen:
+                    pass
+                # per round: the engine's own timings, as `auto` sees them
+                rounds = gen.stats.rounds_detail
+                if not rounds:
+                    continue
+                width = round(sum(r[0] for r in rounds) / len(rounds))
+                costs.observe_verify(width, gen.stats.verify_s / len(rounds))
+                if d is not None:
+                    costs.observe_draft(max(width, 1), gen.stats.draft_s / len(rounds))
+        store.save()
+        return costs
 
     # -- llama_cpp.Llama-compatible --------------------------------------------------------
     def prepare(self, body: dict, chat: bool) -> Request:
@@ -191,7 +244,7 @@ class SpecGGUF:
         engine stops at that round) and nothing more is yielded.
         """
         shaper = Shaper(req.model or self.model_name, req.chat)
-        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling)
+        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling, cancelled=cancelled)
         try:
             first = shaper.first()
             if first is not None:
@@ -210,7 +263,7 @@ class SpecGGUF:
     def response(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> dict | None:
         """The whole response of one request (None when cancelled before the end)."""
         shaper = Shaper(req.model or self.model_name, req.chat)
-        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling)
+        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling, cancelled=cancelled)
         pieces = []
         try:
             for piece in text:

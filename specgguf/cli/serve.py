@@ -1,6 +1,6 @@
 """`specgguf serve`: the OpenAI-compatible server from the command line.
 
-Kept apart from server.py so that `specgguf --help` works without the `server` extra; the
+Kept apart from specgguf/server/ so that `specgguf --help` works without the `server` extra; the
 HTTP libraries load only when the command runs, and their absence is one `error:` line.
 """
 
@@ -10,8 +10,8 @@ import socket
 
 import click
 
-from .cli import _model_options, _open
-from .errors import UserError
+from ..errors import UserError
+from .options import model_options, open_model
 
 EXTRA_HINT = "pip install 'specgguf[server]'"
 
@@ -20,7 +20,7 @@ def _server_modules():
     try:
         import uvicorn
 
-        from . import server
+        from .. import server
     except ImportError as exc:
         raise UserError(f"`specgguf serve` needs the server extra ({exc.name} is missing): {EXTRA_HINT}") from None
     return uvicorn, server
@@ -40,7 +40,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @click.command()
-@_model_options
+@model_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 exposes the server to your network: use --api-key).")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port (0: any free one, printed).")
@@ -58,7 +58,7 @@ def serve(host, port, api_key, max_queue, model_id, **opts):
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
-        with _open(**opts) as llm:
+        with open_model(**opts) as llm:
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"

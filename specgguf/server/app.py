@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .errors import UserError
-from .params import RequestError
-from .serving import QueueFull, Scheduler
+from ..errors import UserError
+from ..params import RequestError
+from .worker import QueueFull, Scheduler
 
 MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from .textstream import TextStream
 
 
 def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=None) -> None:
@@ -43,8 +42,7 @@ def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=Non
             click.echo(f"error: the conversation ({len(prompt)} tokens) no longer fits the context "
                        f"({llm.target.n_ctx}); /reset or restart with a larger --ctx", err=True)
             continue
-        gen = llm.engine.generate(prompt, max_tokens, sampling=sampling)  # SamplingParams or None
-        text = TextStream(gen, llm.target.model, list(fmt.stop))
+        gen, text = llm.stream_tokens(prompt, max_tokens, list(fmt.stop), sampling)
         try:
             for chunk in text:
                 click.echo(chunk, nl=False)

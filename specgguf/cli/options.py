@@ -1,0 +1,109 @@
+"""What the commands share: the model and sampling options, and opening a `SpecGGUF` from
+them (every command reaches the engine through the public API)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UserError
+
+DEMO_PROMPT = (
+    "Copy the following list exactly, then stop.\n"
+    "1. Preheat the oven to 200 degrees.\n2. Mix the flour, the sugar and the butter.\n"
+    "3. Add two eggs and stir well.\n4. Pour the batter into a tin.\n5. Bake for thirty minutes.\n\n"
+    "Copy:\n1. Preheat the oven to"
+)
+
+
+def model_options(f):
+    options = [
+        click.argument("target", required=False),
+        click.option("--draft", "-d", help="A draft GGUF (same tokenizer as the target) or 'ngram' "
+                                            "(prompt lookup). Omit for plain decoding."),
+        click.option("--draft-max", default="auto", show_default=True,
+                     help="Tokens drafted per round: a number, or auto (chosen each round from costs "
+                          "measured on this machine and the acceptance so far; 0 when drafting does not pay)."),
+        click.option("--draft-kind", type=click.Choice(["model", "ngram", "eagle3", "dflash", "dspark"]),
+                     default=None, help="Override the kind detected from the draft GGUF (e.g. dspark slot "
+                                        "rules for a DFlash file)."),
+        click.option("--draft-p-min", type=float, default=0.0, show_default=True,
+                     help="Stop drafting at a token whose draft confidence is below this (DSpark: its "
+                          "confidence head; others: softmax over the top 10)."),
+        click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
+        click.option("--threads", "n_threads", type=int, default=None, help="CPU threads (default: all usable)."),
+        click.option("--gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
+                     help="Layers offloaded to the GPU (CUDA/Metal builds; 99 = all)."),
+        click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def parse_draft_max(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {value!r})") from None
+    if n < 1:
+        raise UserError(f"--draft-max must be at least 1 (got {n}); omit --draft to decode without a draft")
+    return n
+
+
+def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
+          **_):
+    from .api import SpecGGUF
+
+    n = parse_draft_max(draft_max)
+    if n_ctx < 16:
+        raise UserError(f"--ctx must be at least 16 tokens (got {n_ctx})")
+    if n_threads is not None and n_threads < 1:
+        raise UserError(f"--threads must be at least 1 (got {n_threads})")
+    if not 0.0 <= draft_p_min <= 1.0:
+        raise UserError(f"--draft-p-min must be within [0, 1] (got {draft_p_min})")
+    if draft is None and draft_kind not in (None, "ngram"):
+        raise UserError(f"--draft-kind {draft_kind} needs a --draft GGUF")
+    if draft is None and draft_kind == "ngram":
+        draft = "ngram"
+    return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
+                    n_gpu_layers=n_gpu_layers, verbose=verbose, kind=draft_kind, p_min=draft_p_min)
+
+
+def sampling_options(f):
+    """Sampler settings (specgguf.sampling.SamplingParams); the defaults decode greedily."""
+    options = [
+        click.option("--temperature", "--temp", "temperature", type=float, default=0.0, show_default=True,
+                     help="Sampling temperature; 0 = greedy (the target's own arg-max)."),
+        click.option("--top-k", type=int, default=0, show_default=True,
+                     help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=1.0, show_default=True,
+                     help="Keep the most likely tokens up to this probability mass (1 = off)."),
+        click.option("--min-p", type=float, default=0.0, show_default=True,
+                     help="Drop tokens below this fraction of the top token's probability (0 = off)."),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True,
+                     help="Penalise tokens seen in the last --penalty-last-n tokens (1 = off)."),
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True),
+        click.option("--penalty-last-n", type=int, default=64, show_default=True,
+                     help="Tokens the penalties look back over (-1 = all, 0 = off)."),
+        click.option("--seed", type=int, default=None, help="Random seed: the same seed, prompt and settings "
+                                                             "give the same output."),
+        click.option("--accept", type=click.Choice(["exact", "ratio"]), default=None,
+                     help="Acceptance rule when sampling: exact (llama.cpp: sample the target, keep a draft "
+                          "token on a match) or ratio (min(1, p/q), residual resampling; the default)."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def sampling_from(opts: dict):
+    """SamplingParams from (and removed from) the command's options; bad values: one line."""
+    from .sampling import SamplingParams
+
+    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "penalty_last_n", "seed")
+    values = {n: opts.pop(n) for n in names}
+    return SamplingParams(**values, accept=opts.pop("accept") or "auto")
