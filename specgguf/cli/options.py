@@ -54,7 +54,7 @@ def parse_draft_max(value: str) -> int | str:
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
           **_):
-    from .api import SpecGGUF
+    from ..api import SpecGGUF
 
     n = parse_draft_max(draft_max)
     if n_ctx < 16:
@@ -101,7 +101,7 @@ def sampling_options(f):
 
 def sampling_from(opts: dict):
     """SamplingParams from (and removed from) the command's options; bad values: one line."""
-    from .sampling import SamplingParams
+    from ..sampling import SamplingParams
 
     names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "penalty_last_n", "seed")
