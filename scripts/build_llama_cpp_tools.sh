@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own speculative loop, `llama-speculative-simple`, from the very llama.cpp
-# that the pinned llama-cpp-python vendors: the C++ baseline that tests/test_parity.py and
-# scripts/bench_vs_cpp.py compare specgguf against.
+# Build llama.cpp's own speculative loop, `llama-speculative-simple`, and its RPC server,
+# `ggml-rpc-server`, from the very llama.cpp that the pinned llama-cpp-python vendors: the C++
+# baseline that tests/test_parity.py and scripts/bench_vs_cpp.py compare specgguf against, and
+# the GGML_RPC libllama that tests/test_rpc.py and scripts/gpu_check.sh run on. One compile
+# serves all of them.
 #
-# The sources are fetched at run time (pip download of the llama-cpp-python sdist) and the
-# result goes to a cache outside the repository, reused while its stamp matches:
+# The sources are fetched at run time (pip download of the llama-cpp-python sdist), or taken
+# from $SPECGGUF_LLAMA_SRC (a llama.cpp tree gathered beforehand: no network needed, see
+# scripts/gather_llama_sources.sh), and the result goes to a cache outside the repository,
+# reused while its stamp matches:
 #
 #   $SPECGGUF_CPP_TOOLS_DIR  (default ${XDG_CACHE_HOME:-$HOME/.cache}/specgguf/llama-cpp-tools/<version>)
 #     bin/llama-speculative-simple
+#     bin/ggml-rpc-server                (start one per machine that lends its CPU/GPU)
 #     bin/libllama.so, bin/libggml*.so   (shared: specgguf loads these through LLAMA_CPP_LIB_PATH,
 #                                         so both sides run the same bytes of llama.cpp)
 #     stamp
@@ -18,7 +23,7 @@
 # The last line printed is the binary's path.
 #
 # Env: SPECGGUF_CPP_TOOLS_DIR, CMAKE_ARGS, PYTHON (interpreter whose pip downloads; default
-# python3), SPECGGUF_BUILD_JOBS (default 2).
+# python3), SPECGGUF_BUILD_JOBS (default 2), SPECGGUF_LLAMA_SRC (vendor/llama.cpp of the sdist).
 set -euo pipefail
 
 VERSION=0.3.36
@@ -33,7 +38,8 @@ CMAKE_OPTS=(
     -DLLAMA_BUILD_COMMON=ON
     -DLLAMA_BUILD_EXAMPLES=ON
     -DLLAMA_BUILD_TESTS=OFF
-    -DLLAMA_BUILD_TOOLS=OFF
+    -DLLAMA_BUILD_TOOLS=ON   # configures tools/; only the targets below are compiled
+    -DGGML_RPC=ON            # libggml-rpc and ggml-rpc-server: specgguf --rpc
     -DLLAMA_BUILD_SERVER=OFF
     -DLLAMA_BUILD_APP=OFF
     -DLLAMA_CURL=OFF
@@ -45,7 +51,8 @@ CMAKE_OPTS=(
 )
 # shellcheck disable=SC2206  # CMAKE_ARGS is a word list by convention (as for pip)
 EXTRA=(${CMAKE_ARGS:-})
-STAMP_TEXT="llama-cpp-python==$VERSION llama-speculative-simple ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
+TARGETS=(llama-speculative-simple ggml-rpc-server)
+STAMP_TEXT="llama-cpp-python==$VERSION ${TARGETS[*]} ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
 
 if [[ -x $BIN && -f $DEST/stamp && "$(cat "$DEST/stamp")" == "$STAMP_TEXT" ]]; then
     echo "cached: $DEST" >&2
@@ -57,10 +64,14 @@ WORK=$(mktemp -d -t specgguf-llama-build.XXXXXX)  # in $TMPDIR
 trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
 
-echo "downloading the llama-cpp-python==$VERSION sdist" >&2
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
-tar -xzf "$WORK"/dl/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
-SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
+if [[ -n ${SPECGGUF_LLAMA_SRC:-} ]]; then
+    SRC=$(cd "$SPECGGUF_LLAMA_SRC" && pwd)
+else
+    echo "downloading the llama-cpp-python==$VERSION sdist" >&2
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
+    tar -xzf "$WORK"/dl/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
+    SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
+fi
 [[ -f $SRC/examples/speculative-simple/speculative-simple.cpp ]] || {
     echo "error: no examples/speculative-simple in $SRC" >&2; exit 1; }
 
@@ -69,14 +80,14 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 echo "configuring (${EXTRA[*]:-no CMAKE_ARGS})" >&2
 cmake -S "$SRC" -B "$WORK/build" "${GEN[@]}" "${CMAKE_OPTS[@]}" "${EXTRA[@]}" >"$WORK/configure.log" 2>&1 || {
     tail -40 "$WORK/configure.log" >&2; exit 1; }
-echo "building llama-speculative-simple with -j$JOBS (many minutes on 2 cores)" >&2
-cmake --build "$WORK/build" --target llama-speculative-simple -j "$JOBS" >"$WORK/build.log" 2>&1 || {
+echo "building ${TARGETS[*]} with -j$JOBS (many minutes on 2 cores)" >&2
+cmake --build "$WORK/build" --target "${TARGETS[@]}" -j "$JOBS" >"$WORK/build.log" 2>&1 || {
     tail -60 "$WORK/build.log" >&2; exit 1; }
 
 # install atomically: a half-copied cache must never look complete
 rm -rf "$DEST.tmp"
 mkdir -p "$DEST.tmp/bin"
-cp -a "$WORK/build/bin/llama-speculative-simple" "$DEST.tmp/bin/"
+cp -a "$WORK/build/bin/llama-speculative-simple" "$WORK/build/bin/ggml-rpc-server" "$DEST.tmp/bin/"
 cp -a "$WORK/build/bin/"lib*.so* "$DEST.tmp/bin/"
 echo "$STAMP_TEXT" >"$DEST.tmp/stamp"
 echo "$(( $(date +%s) - start ))" >"$DEST.tmp/build_seconds"
