@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specgguf.errors import UserError
 
-# DeepSpec model classes (draft-formats.md §2.3-2.4) and the llama.cpp arch they become.
+# DeepSpec model classes (docs/gguf-formats.md §1) and the llama.cpp arch they become.
 DEEPSPEC_DSPARK = {"Qwen3DSparkModel": "qwen3", "Gemma4DSparkModel": "gemma4"}
 DEEPSPEC_EAGLE3 = {"Qwen3Eagle3Model": "qwen3", "Gemma4Eagle3Model": "gemma4"}
 # Standard EAGLE-3 exports that llama.cpp's own converter recognises (conversion/llama.py:17-30).

@@ -1,6 +1,6 @@
 """DeepSpec DFlash / DSpark checkpoints (Qwen3 and Gemma 4 backbones) -> llama.cpp arch `dflash`.
 
-The mapping is draft-formats.md §4.1-4.2: weights are renamed, never transposed (PyTorch
+The mapping is docs/gguf-formats.md §3: weights are renamed, never transposed (PyTorch
 [out, in] is GGUF {in, out}). Three things are easy to get wrong and are done on purpose here:
 - target layer ids are shifted by +1: DeepSpec feeds the *output* of layer i, llama.cpp
   extracts the *input* of layer i+1;

@@ -11,7 +11,7 @@ counts (the machine is shared). Reported: tokens/s of each, their ratio, rounds,
 Python loop's overhead per round in microseconds, two ways:
   d/round  = our decode time / our rounds - C++ decode time / C++ rounds
   py/round = our time outside llama_process (perf_counter around every decode) / rounds
-The C++ loop runs until it has MORE than -n tokens (runtime-protocol §5.3), so rounds and
+The C++ loop runs until it has MORE than -n tokens (docs/loop.md §6.3), so rounds and
 token counts differ slightly; rates and per-round times are compared, not totals.
 
     python scripts/bench_vs_cpp.py [--max-tokens 128] [--draft-max 2,4,8] [--repeat 3]

@@ -1,6 +1,6 @@
 """The speculative loop: prefill, draft, verify in one target batch, accept, roll back.
 
-It follows llama.cpp's `llama-speculative-simple` (runtime-protocol.md §1.2-1.4) so that
+It follows llama.cpp's `llama-speculative-simple` (docs/loop.md §2) so that
 rounds, drafts and accepted counts can be compared with the C++ loop one to one:
 the prompt minus its last token is prefilled without outputs, and every round verifies
 [id_last, d1..dn] with the target. With no drafter the very same loop runs with n = 0,

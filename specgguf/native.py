@@ -260,7 +260,7 @@ class Context(_Owned):
         params.n_batch = int(n_batch)
         params.n_ubatch = int(n_ubatch or n_batch)
         params.n_seq_max = 1
-        params.n_outputs_max = int(n_outputs_max)  # 0 = n_batch: always safe (pitfall 3)
+        params.n_outputs_max = int(n_outputs_max)  # 0 = n_batch: always safe (docs/loop.md §6.1)
         threads = int(n_threads or default_threads())
         params.n_threads = threads
         params.n_threads_batch = threads

@@ -218,7 +218,7 @@ def bigger(shape: QwenShape = QwenShape(), **changes) -> QwenShape:
 
 
 # --------------------------------------------------------------------------------------
-# Hidden-state drafts for a synthetic qwen3 target (draft-formats.md §3.2, §3.3, §7.2)
+# Hidden-state drafts for a synthetic qwen3 target (docs/gguf-formats.md §3, §4)
 # --------------------------------------------------------------------------------------
 
 
@@ -320,7 +320,7 @@ def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
                  confidence: bool = False, sample_from_anchor: bool | None = None, counting: bool = False,
                  tokenizer: dict | None = None) -> Path:
     """A DFlash draft (arch `dflash`), or with `markov=True` a DSpark one (Markov head, and a
-    confidence head with `confidence=True`). Its width is the target's (draft-formats.md §1.5).
+    confidence head with `confidence=True`). Its width is the target's (docs/gguf-formats.md §3).
 
     counting=True (with markov=True): the Markov head encodes the counting target's
     successor rule and outweighs the draft's own logits, so the chained slots count too."""

@@ -353,7 +353,7 @@ def make_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSpec(), *, 
 
 def deepspec_eagle3_config(spec: TargetSpec, *, backbone="qwen3", layers=(0, 1, 2, 3, 4), n_head=4, n_kv=2,
                            head_dim=16, n_ff=96, draft_vocab=None) -> dict:
-    """Qwen3Eagle3Model's config (draft-formats.md §2.3): a copy of the target's plus the
+    """Qwen3Eagle3Model's config (docs/gguf-formats.md §1, §4): a copy of the target's plus the
     Eagle3 keys; DeepSpec layer ids are layer *outputs* (the converter adds 1)."""
     arch = {"qwen3": "Qwen3Eagle3Model", "gemma4": "Gemma4Eagle3Model"}[backbone]
     cfg = {"architectures": [arch], "model_type": backbone, "hidden_size": spec.n_embd,

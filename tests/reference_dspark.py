@@ -1,6 +1,6 @@
 """Numpy reference forward passes of the drafts, written from the checkpoints' own semantics.
 
-`dspark_block` follows DeepSpec's DSpark/DFlash draft (draft-formats.md §2.4, PyTorch
+`dspark_block` follows DeepSpec's DSpark/DFlash draft (docs/gguf-formats.md §3, PyTorch
 semantics of deepspec/modeling/dspark/{qwen3,gemma4}/modeling.py): target features are fused
 by fc + hidden_norm into context keys/values at the context positions; the block
 [anchor, mask, ...] attends, non-causally, to the context and to itself; slot k predicts

@@ -1,5 +1,5 @@
 """Numpy reference forward pass of DeepSpec's Eagle3 draft (Qwen3 variant), written from its
-modeling semantics (draft-formats.md §2.3; deepspec/modeling/eagle3/qwen3/modeling.py):
+modeling semantics (docs/gguf-formats.md §4; deepspec/modeling/eagle3/qwen3/modeling.py):
 
     fused  = fc(concat of the K target layer outputs)             # [n, H]
     x      = concat(input_layernorm(embed(token)), hidden_norm(fused))

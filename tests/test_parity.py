@@ -6,7 +6,7 @@ how many tokens were drafted, how many of them the target accepted, and the toke
 
 Rounds are compared while the C++ token budget cap (-n minus tokens so far minus 1) is >= 1;
 there both loops cap the draft identically. After that llama-speculative-simple drafts
-uncapped and keeps going until it has MORE than -n tokens (runtime-protocol §5.3), whereas
+uncapped and keeps going until it has MORE than -n tokens (docs/loop.md §6.3), whereas
 specgguf stops at exactly max_tokens; so our tokens are compared with the prefix of its tokens.
 
 Adding a draft kind is one row in CASES: the C++ --spec-type, fixtures (tests/conftest.py)

@@ -2,7 +2,7 @@
 
 Target features are injected into the draft's KV cache at the target positions
 (`process`); drafting decodes one non-causal block [id_last, mask, mask, ...] at pos0 and
-reads a draft token from every slot. Two slot rules (draft-formats.md §1.4):
+reads a draft token from every slot. Two slot rules (docs/loop.md §4.4):
 in-place (z-lab DFlash: slots 1..n, block n+1 long) and sample-from-anchor (DSpark and
 every DeepSpec file: slots 0..n-1, block n long). DSpark's Markov head runs in the graph;
 its confidence head can cut the draft short (`p_min`). Mirrors spec.cpp:940-1330.

@@ -7,7 +7,7 @@ pair (token at P+1, g_P). The token at P+1 of the batch's last position is not k
 so every `process` leaves one cell unwritten and remembers it (the deferred boundary):
 the next prefill chunk completes it (bridge), or the next draft's seed step does, with
 id_last. `accept` moves the boundary back to the last committed position.
-Mirrors spec.cpp:486-876 (runtime-protocol.md §2.2).
+Mirrors llama.cpp's draft-eagle3 driver, spec.cpp:486-876 (docs/loop.md §4.3).
 """
 
 from __future__ import annotations

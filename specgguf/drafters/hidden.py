@@ -1,7 +1,7 @@
 """What eagle3, dflash and dspark drafts share: a draft context linked to the target
 (`ctx_other`, which lends the target's embeddings and head when the draft has none), the
 target's layer-input extraction switched on for the draft's layer ids, and features
-gathered after every target decode (runtime-protocol.md §2.2-2.4)."""
+gathered after every target decode (docs/loop.md §4.3-4.5)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The draft context mirrors the target: every target batch is decoded into it as well
 (`process`), so before a round it holds exactly the committed tokens. Drafting decodes
 id_last and then each greedy draft token; the caller rolls those cells back right away and
-`process` re-evaluates the verified batch (runtime-protocol.md §2.1, §1.2).
+`process` re-evaluates the verified batch (docs/loop.md §2.2, §4.1).
 """
 
 from __future__ import annotations
