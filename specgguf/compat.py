@@ -40,7 +40,7 @@ def check_shared_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 # Architectures whose graph in the pinned llama.cpp stores per-layer inputs (t_layer_inp),
 # which eagle3/dflash/dspark drafts read. Enabling extraction on any other target aborts
-# the whole process at its next decode (docs/loop.md §5): gemma3 and qwen2 are not here.
+# the whole process at its next decode (runtime-protocol.md §6.9): gemma3 and qwen2 are not here.
 LAYER_INPUT_ARCHS = frozenset({
     "llama", "llama-embed", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4",
     "gpt-oss", "lfm2", "hunyuan-vl", "hunyuan-dense", "nemotron_h", "minimax-01", "minimax-m2", "mimo2",
@@ -80,7 +80,7 @@ def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min:
             raise UserError(f"{name} is a DeepSpec-style Eagle3 draft ({len(ids)} target layers"
                             f"{', q/k norms' if _has_qk_norm(draft) else ''}) that the installed llama.cpp "
                             f"cannot run (it runs 3-layer EAGLE-3 only): install the patched build with "
-                            f"`{BUILD_COMMAND}` from the specgguf source tree (one build, minutes)")
+                            f"`{BUILD_COMMAND}` (add --cuda or --metal for a GPU; one llama.cpp compile, minutes)")
         width = draft.metadata.get("eagle3.target_hidden_size")
         if width is not None and int(width) != target.n_embd:
             raise UserError(f"{name} was made for a target of width {width}, but {target.path.name} has "

@@ -1,4 +1,4 @@
-"""Does the loaded libllama carry specgguf's eagle3 patches (patches/ in the repository)?
+"""Does the loaded libllama carry specgguf's eagle3 patches (specgguf.patches; `specgguf build-llama --patched`)?
 
 DeepSpec Eagle3 drafts read 5 target layers and normalise q/k per head; the stock eagle3
 loader refuses both. The patches add no symbol to look for, so we ask the library itself:
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BUILD_COMMAND = "scripts/build_patched_llama_cpp_python.sh"
+BUILD_COMMAND = "specgguf build-llama --patched"  # building.command(); --cuda/--metal/--cpu pick the backend
 PROBE_LAYERS = (1, 2, 3, 4, 5)  # 5, as DeepSpec reads: != 3 is what the stock loader refuses
 _memo: dict[str, bool] = {}
 

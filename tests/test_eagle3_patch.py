@@ -2,7 +2,7 @@
 
 On any build: the Qwen3 checkpoint converts (layer ids +1, q/k norms, tokenizer of the
 target) and a build without the patches refuses the draft with one line that names the
-build command. On the patched build (scripts/build_patched_llama_cpp_python.sh): the draft
+build command. On the patched build (`specgguf build-llama --patched`): the draft
 loads, its logits match a numpy forward pass of DeepSpec's modeling code, generation with it
 is lossless, and a draft that knows the counting target's rule is accepted far more often
 than a random one. Those tests skip on the stock wheel unless SPECGGUF_REQUIRE_PATCHED=1.
@@ -82,7 +82,7 @@ def test_cli_convert_says_a_patched_build_is_needed(tmp_path, target):
     ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "ck", SPEC)
     proc = run_cli("convert", ck, "--target", target, "-o", tmp_path / "d.gguf")
     assert proc.returncode == 0, proc.stderr
-    assert "needs the patched llama.cpp build (scripts/build_patched_llama_cpp_python.sh)" in proc.stdout
+    assert "needs the patched llama.cpp build (specgguf build-llama --patched)" in proc.stdout
 
 
 def test_stock_build_refuses_with_the_build_command(converted, target):
@@ -91,7 +91,7 @@ def test_stock_build_refuses_with_the_build_command(converted, target):
     env = {"SPECGGUF_EAGLE3_PATCHED": "0"} if patchprobe.has_eagle3_patch() else None
     proc = run_cli("generate", target, "-p", "hi", "--draft", converted[1].path, env=env)
     assert_one_line_error(proc, "DeepSpec-style Eagle3", "5 target layers", "q/k norms",
-                          "scripts/build_patched_llama_cpp_python.sh")
+                          "specgguf build-llama --patched")
 
 
 def test_probe_answer_is_cached_per_library(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import click
 
 from ..errors import LlamaError, UserError
 from .options import DEMO_PROMPT, model_options, open_model, sampling_from, sampling_options
+from .build import build_llama
 from .profile import profile
 from .serve import serve
 
@@ -140,3 +141,4 @@ def _register_converters() -> None:
 _register_converters()
 main.add_command(serve)
 main.add_command(profile)
+main.add_command(build_llama)

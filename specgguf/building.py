@@ -1,0 +1,206 @@
+"""Build llama-cpp-python (the pinned version) for this machine: `specgguf build-llama`.
+
+What the build can add to the stock wheel from PyPI:
+- `patched`: specgguf's llama.cpp patches (shipped in the package as `specgguf.patches`, the
+  repository's `patches/`; docs/ explains them), needed only by DeepSpec Eagle3 drafts
+  (5 target layers, per-head q/k norms);
+- a backend: CUDA, Metal, or the CPU alone;
+- `rpc`: llama.cpp's RPC backend (GGML_RPC), for `--rpc HOST:PORT` (target layers on
+  `ggml-rpc-server` processes on other machines).
+
+Steps: download the sdist with pip (or take a local one), apply the patches, `pip wheel` it
+with CMAKE_ARGS (one llama.cpp compile: minutes), cache the wheel, install it into the running
+interpreter's environment. The cache, ${XDG_CACHE_HOME:-~/.cache}/specgguf/wheels/<key>/, is
+keyed by everything that changes the compiled library (version, patches, CMake arguments,
+Python tag and platform): a second build with the same inputs installs in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from .errors import UserError
+
+VERSION = "0.3.36"  # the llama-cpp-python that specgguf pins (pyproject.toml)
+BACKENDS = ("cpu", "cuda", "metal")
+
+
+class BuildError(UserError):
+    """The build could not be done (no network, no compiler, a failed compile): one line."""
+
+
+def command(patched: bool = True, backend: str | None = None, rpc: bool = False) -> str:
+    """The command line that builds what a refusal asks for (messages name it)."""
+    parts = ["specgguf build-llama"]
+    if patched:
+        parts.append("--patched")
+    if rpc:
+        parts.append("--rpc")
+    parts.append(f"--{backend}" if backend else "[--cuda|--metal|--cpu]")
+    return " ".join(parts)
+
+
+def patch_files() -> list[tuple[str, bytes]]:
+    """(name, contents) of every llama.cpp patch shipped in the package, in apply order."""
+    root = resources.files("specgguf.patches")
+    found = sorted((p.name, p.read_bytes()) for p in root.iterdir() if p.name.endswith(".patch"))
+    if not found:
+        raise BuildError("this specgguf install ships no llama.cpp patches (specgguf/patches/*.patch); "
+                         "reinstall specgguf")
+    return found
+
+
+@dataclass
+class Plan:
+    """What to build: the CMake arguments follow from the options; `key` names the cache entry."""
+
+    patched: bool = True
+    backend: str | None = None  # None: llama.cpp's default (Metal on Apple Silicon, else the CPU)
+    rpc: bool = False
+    extra_cmake_args: str = ""  # the user's own $CMAKE_ARGS, appended
+    patches: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}", param="backend")
+        if self.patched and not self.patches:
+            self.patches = patch_files()
+        try:
+            shlex.split(self.extra_cmake_args)
+        except ValueError as exc:
+            raise UserError(f"CMAKE_ARGS cannot be split into arguments ({exc}): check its quotes",
+                            param="extra_cmake_args") from None
+
+    @property
+    def cmake_args(self) -> list[str]:
+        args = {"cuda": ["-DGGML_CUDA=on"], "metal": ["-DGGML_METAL=on"],
+                "cpu": ["-DGGML_METAL=off"] if sys.platform == "darwin" else [], None: []}[self.backend]
+        if self.rpc:
+            args.append("-DGGML_RPC=on")
+        return args + shlex.split(self.extra_cmake_args)
+
+    @property
+    def key(self) -> str:
+        h = hashlib.sha256()
+        for part in (VERSION, " ".join(self.cmake_args), sys.implementation.cache_tag, sysconfig.get_platform()):
+            h.update(part.encode() + b"\0")
+        for name, body in self.patches:
+            h.update(name.encode() + b"\0" + body)
+        return h.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specgguf" / "wheels"
+
+
+def cached_wheel(plan: Plan) -> Path | None:
+    hits = sorted((cache_root() / plan.key).glob(f"llama_cpp_python-{VERSION}-*.whl"))
+    return hits[0] if hits else None
+
+
+def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None = None,
+          python: str = sys.executable, log: Callable[[str], None] = print) -> Path:
+    """The wheel for `plan`: from the cache, or built (and cached) now."""
+    wheel = None if rebuild else cached_wheel(plan)
+    if wheel is not None:
+        log(f"using the cached wheel {wheel}")
+        return wheel
+    if plan.patches and shutil.which("patch") is None:
+        raise BuildError("applying the llama.cpp patches needs the `patch` tool; install it (apt install patch)")
+    with tempfile.TemporaryDirectory(prefix="specgguf-build-") as tmp:
+        work = Path(tmp)
+        src = _unpack(_sdist(sdist, work, python, log), work)
+        for name, body in plan.patches:
+            log(f"applying {name}")
+            _apply(src / "vendor" / "llama.cpp", name, body)
+        entry = cache_root() / plan.key
+        entry.mkdir(parents=True, exist_ok=True)
+        logfile = entry / "build.log"
+        env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args))
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+        log(f"building the wheel: one llama.cpp compile, minutes (CMAKE_ARGS='{env['CMAKE_ARGS']}'; log: {logfile})")
+        start = time.monotonic()
+        with open(logfile, "wb") as out:
+            proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "-v", str(src), "-w", str(work / "dist")],
+                                  stdout=out, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            tail = logfile.read_text(errors="replace").splitlines()[-30:]
+            sys.stderr.write("\n".join(tail) + "\n")
+            raise BuildError(f"building llama-cpp-python {VERSION} failed (a C/C++ compiler and CMake are needed; "
+                             f"the last lines are above, the full log is {logfile})")
+        built = next((work / "dist").glob(f"llama_cpp_python-{VERSION}-*.whl"))
+        partial = entry / ".partial"  # copy, then rename: a cache entry is complete or absent
+        shutil.copyfile(built, partial)
+        wheel = entry / built.name
+        os.replace(partial, wheel)
+        log(f"built {wheel} in {time.monotonic() - start:.0f} s")
+    return wheel
+
+
+def install(wheel: Path, python: str = sys.executable, log: Callable[[str], None] = print) -> None:
+    """Install `wheel` into `python`'s environment, replacing the llama-cpp-python there."""
+    proc = subprocess.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise BuildError(f"pip could not install {wheel} with {python} (see pip's message above)")
+    log(f"installed {wheel.name} into the environment of {python}")
+
+
+def _sdist(sdist, work: Path, python: str, log) -> Path:
+    if sdist is not None:
+        path = Path(sdist)
+        if not path.is_file():
+            raise UserError(f"sdist not found: {path} (give the llama_cpp_python-{VERSION}.tar.gz file)", param="sdist")
+        return path
+    log(f"downloading the llama-cpp-python {VERSION} source (pip download, 76 MB)")
+    proc = subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                           f"llama-cpp-python=={VERSION}", "-d", str(work / "dl")], capture_output=True, text=True)
+    hits = list((work / "dl").glob("llama_cpp_python-*.tar.gz"))
+    if proc.returncode != 0 or not hits:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BuildError(f"could not download the llama-cpp-python {VERSION} source with pip ({last}); "
+                         "check the network, or pass a downloaded sdist with --sdist")
+    return hits[0]
+
+
+def _unpack(sdist: Path, work: Path) -> Path:
+    try:
+        with tarfile.open(sdist) as tar:
+            top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+            if len(top) != 1:
+                raise BuildError(f"{sdist} is not a llama-cpp-python sdist (several top-level folders)")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(work, filter="data")
+            else:  # pragma: no cover - Python < 3.10.12
+                tar.extractall(work)
+    except (tarfile.TarError, OSError) as exc:
+        raise BuildError(f"cannot unpack {sdist}: {exc}") from None
+    src = work / top.pop()
+    if not (src / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        raise BuildError(f"{sdist} is not a llama-cpp-python sdist (no vendor/llama.cpp)")
+    return src
+
+
+def _apply(tree: Path, name: str, body: bytes) -> None:
+    """Apply one patch; a dry run first, so that a patch that does not fit changes nothing."""
+    for extra in (["--dry-run"], []):
+        proc = subprocess.run(["patch", "-p1", "--forward", "--quiet", *extra, "-d", str(tree)], input=body,
+                              capture_output=True)
+        if proc.returncode != 0:
+            raise BuildError(f"patch {name} does not apply to llama-cpp-python {VERSION}: "
+                             f"{proc.stdout.decode(errors='replace').strip().splitlines()[:1]}")
