@@ -2,7 +2,7 @@
 
 DeepSpec's Eagle3 is an EAGLE-3 head with two things the stock eagle3 graph lacks: it reads
 5 target layers (not 3) and its Qwen3 decoder layer normalises q and k per head before RoPE
-(draft-formats.md §1.3, §2.3). The repository's patches/ teach llama.cpp both; the file is
+(docs/gguf-formats.md §4). The repository's patches/ teach llama.cpp both; the file is
 written regardless, and the runtime refuses it with one line on a stock build
 (compat.check_hidden_state_pair). What the mapping does on purpose:
 - target layer ids are shifted by +1: DeepSpec feeds the *output* of layer i, llama.cpp

@@ -40,7 +40,7 @@ def check_shared_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 # Architectures whose graph in the pinned llama.cpp stores per-layer inputs (t_layer_inp),
 # which eagle3/dflash/dspark drafts read. Enabling extraction on any other target aborts
-# the whole process at its next decode (runtime-protocol.md §6.9): gemma3 and qwen2 are not here.
+# the whole process at its next decode (docs/loop.md §5): gemma3 and qwen2 are not here.
 LAYER_INPUT_ARCHS = frozenset({
     "llama", "llama-embed", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4",
     "gpt-oss", "lfm2", "hunyuan-vl", "hunyuan-dense", "nemotron_h", "minimax-01", "minimax-m2", "mimo2",
