@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgguf.errors import UserError
+from specgguf.errors import UserError, missing_path
 
 # DeepSpec model classes (docs/gguf-formats.md §1) and the llama.cpp arch they become.
 DEEPSPEC_DSPARK = {"Qwen3DSparkModel": "qwen3", "Gemma4DSparkModel": "gemma4"}
@@ -39,6 +39,8 @@ class Kind:
 def locate(spec: str, *, offline: bool = False) -> Path:
     """A local checkpoint directory for `spec`: a path, or an HF repo id (downloaded)."""
     path = Path(spec).expanduser()
+    if path.is_symlink() and not path.exists():
+        raise UserError(missing_path(path, "checkpoint"))
     if path.exists():
         if not path.is_dir():
             raise UserError(f"checkpoint must be a directory with config.json and *.safetensors, "
@@ -76,6 +78,8 @@ def _download(repo_id: str, *, offline: bool) -> Path:
 def load_config(directory: Path) -> dict:
     """The checkpoint's config.json, as a dict."""
     path = Path(directory) / "config.json"
+    if path.is_symlink() and not path.exists():
+        raise UserError(missing_path(path, "config file"))
     if not path.is_file():
         raise UserError(f"no config.json in {directory}: not a Hugging Face checkpoint directory "
                         "(it must hold config.json and model*.safetensors)")
@@ -93,6 +97,8 @@ def detect_kind(config: dict) -> Kind:
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UserError(f"config.json: architectures must be a list of class names, got {archs!r}")
     arch = archs[0] if archs else None
     if arch in DEEPSPEC_DSPARK:
         return _dspark_kind(config, DEEPSPEC_DSPARK[arch])
@@ -100,16 +106,24 @@ def detect_kind(config: dict) -> Kind:
         return Kind("deepspec-eagle3", DEEPSPEC_EAGLE3[arch], "deepspec-eagle3")
     if arch in EAGLE3_ARCHS or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
         return Kind("eagle3", "llama", "eagle3")
-    # No known class name: DeepSpec keys still identify the family (a renamed export).
-    if "target_layer_ids" in config and "block_size" in config and "mask_token_id" in config:
-        backbone = "gemma4" if str(config.get("model_type", "")).startswith("gemma4") else "qwen3"
+    if arch is not None:  # a class we do not know: its backbone could be anything
+        raise UserError(f"unknown checkpoint architecture {arch!r}: specgguf converts DeepSpec DFlash/"
+                        "DSpark/Eagle3 (Qwen3DSparkModel, Gemma4DSparkModel, Qwen3Eagle3Model) and "
+                        "standard EAGLE-3 drafts (LlamaForCausalLMEagle3)")
+    # No class name at all: DeepSpec keys still identify the family, model_type the backbone.
+    model_type = str(config.get("model_type", ""))
+    backbone = {"qwen3": "qwen3", "gemma4": "gemma4", "gemma4_text": "gemma4"}.get(model_type)
+    family = ("deepspec-dspark" if {"target_layer_ids", "block_size", "mask_token_id"} <= config.keys()
+              else "deepspec-eagle3" if {"target_layer_ids", "ttt_length"} <= config.keys() else None)
+    if family is not None and backbone is None:
+        raise UserError(f"checkpoint without architectures and with model_type {model_type or 'none'!r}: "
+                        "DeepSpec drafts have a qwen3 or gemma4 backbone; set architectures in config.json")
+    if family == "deepspec-dspark":
         return _dspark_kind(config, backbone)
-    if "target_layer_ids" in config and "ttt_length" in config:
-        backbone = "gemma4" if str(config.get("model_type", "")).startswith("gemma4") else "qwen3"
+    if family == "deepspec-eagle3":
         return Kind("deepspec-eagle3", backbone, "deepspec-eagle3")
-    shown = arch if arch else "none"
-    raise UserError(f"unknown checkpoint architecture {shown!r}: specgguf converts DeepSpec DFlash/"
-                    "DSpark (Qwen3DSparkModel, Gemma4DSparkModel) and standard EAGLE-3 drafts")
+    raise UserError("checkpoint config.json has no architectures and no DeepSpec keys: specgguf converts "
+                    "DeepSpec DFlash/DSpark/Eagle3 and standard EAGLE-3 drafts")
 
 
 def _dspark_kind(config: dict, backbone: str) -> Kind:

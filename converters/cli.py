@@ -1,9 +1,16 @@
 """click commands `convert` and `models`; the `specgguf` group adds them.
 
-Bad input is raised as `UserError`; the group prints it as one line and exits 2.
+Bad input is raised as `UserError`; the group prints it as one line and exits 2. SIGINT and
+SIGTERM during a conversion end it with one line and exit 130 / 143 after the partial output
+files are removed (the writer removes them while the exception unwinds).
 """
 
 from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 
 import click
 
@@ -17,6 +24,36 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+class _Signalled(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds like KeyboardInterrupt, so every cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_unwind():
+    """Turn SIGINT and SIGTERM into `_Signalled` (SIGTERM would otherwise kill the process
+    without cleanup); a second signal during the cleanup is ignored so that it completes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+
+    def handler(signum, frame):
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 @click.command("convert")
@@ -53,14 +90,22 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
     def warn(text: str) -> None:
         click.echo(f"warning: {text}", err=True)
 
+    signalled = None
     try:
-        result = convert(checkpoint, target, output, out_type.lower(), head, progress=progress,
-                         warn=warn, offline=offline)
+        with _signals_unwind():
+            result = convert(checkpoint, target, output, out_type.lower(), head, progress=progress,
+                             warn=warn, offline=offline)
+    except _Signalled as sig:
+        signalled = sig.signum
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-            if getattr(bar, "hidden", getattr(bar, "is_hidden", False)):  # not a terminal: click printed only the label, end its line
-                click.echo("", err=True)
+            if signalled is not None or getattr(bar, "hidden", getattr(bar, "is_hidden", False)):
+                click.echo("", err=True)  # end the bar's line (or the bare label off a terminal)
+    if signalled is not None:
+        name = signal.Signals(signalled).name
+        click.echo(f"error: interrupted by {name}; no output was written (partial files removed)", err=True)
+        sys.exit(128 + signalled)
     s = result.summary
     extra = []
     if s.get("markov_rank"):

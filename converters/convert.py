@@ -61,7 +61,12 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
 
         refuse_gemma4(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
     tgt = read_gguf(target, "target")
-    out_path = Path(out) if out else Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
+    if out is None:
+        try:
+            out = Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
+        except OSError:  # the current directory was deleted under us
+            raise UserError("the current directory no longer exists; give -o") from None
+    out_path = Path(out)
     out_path = check_output_path(out_path, tgt.path)
 
     directory = locate(checkpoint, offline=offline)

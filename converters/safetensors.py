@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specgguf.errors import UserError
+from specgguf.errors import UserError, missing_path
 
 # safetensors dtype -> (numpy dtype used to view the bytes, bytes per element).
 # BF16 has no numpy dtype: it is viewed as uint16 and widened by `to_float32`.
@@ -96,7 +96,7 @@ class SafetensorsFile:
         try:
             size = self.path.stat().st_size
         except OSError:
-            raise UserError(f"weights file not found: {self.path}") from None
+            raise UserError(missing_path(self.path, "weights file")) from None
         if size < 8:
             raise UserError(f"{self.path.name} is truncated ({size} bytes): download the checkpoint again")
         with open(self.path, "rb") as fh:
@@ -178,6 +178,9 @@ def check_float_tensor(t, name: str, shape) -> None:
     """The one rule every converter applies to a weight it reads: the shape config.json implies
     and a float type (one line naming the tensor otherwise)."""
     if tuple(t.shape) != tuple(shape):
+        if len(shape) == 2 and tuple(t.shape) == tuple(shape)[::-1] and shape[0] != shape[1]:
+            raise UserError(f"tensor {name} is transposed: shape {list(t.shape)} where config.json implies "
+                            f"{list(shape)} (PyTorch [out, in] order); re-export it untransposed")
         raise UserError(f"tensor {name} has shape {list(t.shape)} but config.json implies "
                         f"{list(shape)}: the weights do not match the config")
     if t.dtype not in FLOAT_DTYPES:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, missing_path
 
 GGUF_MAGIC = b"GGUF"
 
@@ -139,7 +139,7 @@ def read_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
     """Read and validate a GGUF header; `what` names the file's role in error messages."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise UserError(f"{what} file not found: {p} (check the path)")
+        raise UserError(missing_path(p, f"{what} file"))
     if p.is_dir():
         raise UserError(f"{what} path is a directory, not a GGUF file: {p}")
     size = p.stat().st_size
@@ -153,6 +153,8 @@ def read_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
         raise UserError(f"{what} file has a damaged or truncated GGUF header: {p} ({_short(exc)}); "
                         "download or convert it again") from None
     metadata, arrays, string_arrays, tensors, types, data_end = header
+    for name, dims in tensors.items():
+        _check_dims(p, what, name, dims, types[name], size)
     if data_end > size:
         raise UserError(f"{what} file is truncated: {p} has {size} bytes but its tensors need "
                         f"{data_end}; download or convert it again")
@@ -231,6 +233,8 @@ class _Header:
         for _ in range(n_tensors):
             name = self._string()
             n_dims = self._unpack("<I")
+            if not 1 <= n_dims <= 4:  # GGML_MAX_DIMS; garbage here would be read as dimensions
+                raise ValueError(f"tensor {name} has {n_dims} dimensions (llama.cpp allows 1 to 4)")
             dims = tuple(self._unpack("<Q") for _ in range(n_dims))
             ttype, offset = self._unpack("<I"), self._unpack("<Q")
             tensors[name], types[name] = dims, _type_name(ttype)
@@ -241,6 +245,24 @@ class _Header:
         for dims, ttype, offset in infos:
             data_end = max(data_end, data_start + offset + _nbytes(dims, ttype))
         return metadata, arrays, string_arrays, tensors, types, data_end
+
+
+def _check_dims(p: Path, what: str, name: str, dims, type_name: str, size: int) -> None:
+    """One tensor's dimensions against llama.cpp's limits and the file's size: a damaged or
+    byte-swapped header is named as such, not as a file that 'needs 2e22 bytes'."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    shown = list(dims)
+    n = 1
+    for d in dims:
+        n *= int(d)
+    block, bsize = GGML_QUANT_SIZES.get(getattr(GGMLQuantizationType, type_name, None), (1, 1))
+    if n // block * bsize > size:
+        raise UserError(f"{what} file {p}: tensor {name} has dimensions {shown}, larger than the whole "
+                        f"file ({size} bytes): its header is damaged (dimensions corrupted or byte-swapped)")
+    if dims[0] % block:
+        raise UserError(f"{what} file {p}: tensor {name} ({type_name}) has rows of {dims[0]} values, not a "
+                        f"multiple of its block of {block}: dimensions in the wrong order or a damaged header")
 
 
 def _type_name(ttype: int) -> str:

@@ -219,11 +219,11 @@ def test_interrupted_write_leaves_nothing_and_keeps_old_file(tmp_path, checkpoin
     real = writer._slabs
     calls = {"n": 0}
 
-    def interrupted(t, q):
+    def interrupted(t, q, *rest):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        yield from real(t, q)
+        yield from real(t, q, *rest)
 
     monkeypatch.setattr(writer, "_slabs", interrupted)
     with pytest.raises(KeyboardInterrupt):
