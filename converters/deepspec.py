@@ -80,6 +80,7 @@ def plan_dspark(config: dict, weights: Weights, kind: Kind, target, head: str, w
         raise UserError(f"RoPE type {rope_type!r} in the draft config is not supported by the converter")
 
     # -- checks against the target GGUF (before any tensor is read) --------------------------
+    _check_backbone(kind.backbone, target)
     check_vocab(V, target, "draft config vocab_size")
     check_width(H, target, "draft hidden_size (dflash drafts read rows of the target's width)")
     n_target = get_int(config, "num_target_layers", default=target.n_layer)
@@ -90,6 +91,8 @@ def plan_dspark(config: dict, weights: Weights, kind: Kind, target, head: str, w
     _check_heads(target, n_head, head_dim)
     if mask >= target.n_vocab:
         raise UserError(f"mask_token_id {mask} is outside the target vocabulary ({target.n_vocab} tokens)")
+    if gemma:
+        _check_gemma_mask(mask, target)
     warn_if_cannot_feed(target, warn)
     if gemma and config.get("final_logit_softcapping") and rank:
         warn("the draft config sets final_logit_softcapping: llama.cpp adds the Markov bias to "
@@ -173,13 +176,54 @@ def plan_dspark(config: dict, weights: Weights, kind: Kind, target, head: str, w
     add("has_confidence_head", bool(has_conf), VT.BOOL)
     if gemma:
         add("hidden_activation", "gelu_pytorch_tanh", VT.STRING)
-        add("embedding_scale", math.sqrt(H), VT.FLOAT32)
+        add("embedding_scale", _embedding_scale(H, config, weights), VT.FLOAT32)
         add("attention.scale", 1.0, VT.FLOAT32)
     plan.mask_token_id = mask
     plan.summary = {"kind": kind.name, "backbone": kind.backbone, "target_layers": gguf_ids,
                     "deepspec_layers": ids, "block_size": block_size, "markov_rank": rank,
-                    "confidence_head": bool(has_conf), "head": head, "n_layer": n_layer}
+                    "confidence_head": bool(has_conf), "head": head, "n_layer": n_layer,
+                    "runtime": f"on the stock build, beside a {'gemma4' if gemma else 'qwen3'} target"}
     return plan
+
+
+def _check_backbone(backbone: str, target) -> None:
+    """A Gemma-4 draft reads a gemma4 target's layers and embeddings, a Qwen3 draft a Qwen3's:
+    across the two, widths may even agree while tokens and features mean other things."""
+    if backbone == "gemma4" and target.arch != "gemma4":
+        raise UserError(f"this is a Gemma 4 draft but the target {target.path.name} has architecture "
+                        f"{target.arch!r}: pair it with a gemma4 target GGUF (the model it was trained for)")
+    if backbone != "gemma4" and target.arch == "gemma4":
+        raise UserError(f"this is a {backbone} draft but the target {target.path.name} is a gemma4 model: "
+                        "pair it with the target it was trained for (for Gemma 4, use a Gemma-4 checkpoint)")
+
+
+def _check_gemma_mask(mask: int, target) -> None:
+    """Gemma-4 drafts embed Gemma's own `<mask>` token; a target without it at that id would
+    feed the draft some other token's embedding at every masked slot."""
+    declared = target.mask_id
+    text = target.tokens[mask]
+    if declared == mask or (declared is None and text == "<mask>"):
+        return
+    has = f"its mask token is id {declared}" if declared is not None else f"its token {mask} is {text!r}"
+    raise UserError(f"the draft's mask_token_id {mask} is not a <mask> token in the target vocabulary "
+                    f"({has}): use the target GGUF the draft was trained for")
+
+
+def _embedding_scale(H: int, config: dict, weights: Weights) -> float:
+    """sqrt(H) as DeepSpec's model applies it: Gemma4TextScaledWordEmbedding multiplies by the
+    scale cast to the weights' dtype, so a BF16 checkpoint (all released ones) was trained and
+    evaluated with bf16(sqrt(H)) (62.0, not 61.97, for H = 3840): write what it computed."""
+    scale = np.float32(math.sqrt(H))
+    name = "embed_tokens.weight"
+    dtype = weights[name].dtype if name in weights else {
+        "bfloat16": "BF16", "float16": "F16"}.get(str(config.get("dtype") or config.get("torch_dtype")), "F32")
+    if dtype == "BF16":
+        bits = scale.view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return float(bits.view(np.float32))
+    if dtype == "F16":
+        return float(np.float16(scale))
+    return float(scale)
 
 
 def _check_heads(target, n_head: int, head_dim: int) -> None:

@@ -57,12 +57,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 def train_bpe(n_merges: int) -> tuple[list[str], list[str]]:
     """(tokens, merges) of a byte-level BPE learned greedily on the built-in corpus."""
     b2u = _bytes_to_unicode()
-    tokens = [b2u[b] for b in range(256)]
     words = Counter()
     for word in _CORPUS.replace("\n", " \n ").split(" "):
         if word:
             words[tuple(b2u[b] for b in (" " + word).encode())] += 1
-    merges = []
+    tokens, merges = learn_merges(words, n_merges)
+    return [b2u[b] for b in range(256)] + tokens, merges
+
+
+def learn_merges(words: Counter, n_merges: int) -> tuple[list[str], list[str]]:
+    """(new tokens, merges): greedy BPE over `words` (symbol tuples -> counts)."""
+    tokens, merges = [], []
     for _ in range(n_merges):
         pairs = Counter()
         for w, c in words.items():

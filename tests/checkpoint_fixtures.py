@@ -402,3 +402,43 @@ def make_deepspec_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSp
     tw = target_arrays(spec)
     tensors = deepspec_eagle3_tensors(config, tw["token_embd.weight"], tw["output.weight"], seed)
     return write_checkpoint(directory, config, tensors, dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Gemma-4 DFlash / DSpark checkpoints for a synthetic gemma4 target (specgguf.synthetic_gemma4)
+# --------------------------------------------------------------------------------------
+
+
+def gemma4_target_spec(target_path) -> tuple[TargetSpec, dict, list]:
+    """(TargetSpec, {token_embd, output}, token types) read back from a gemma4 target GGUF."""
+    r = gguf.GGUFReader(target_path)
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("GGUF.")}
+    t = {x.name: np.array(x.data, dtype=np.float32) for x in r.tensors
+         if x.name in ("token_embd.weight", "output.weight")}
+    t.setdefault("output.weight", t["token_embd.weight"])  # tied
+    spec = TargetSpec(n_vocab=len(f["tokenizer.ggml.tokens"]), n_embd=f["gemma4.embedding_length"],
+                      n_layer=f["gemma4.block_count"], n_head=f["gemma4.attention.head_count"],
+                      head_dim=f["gemma4.attention.key_length"], n_ff=f["gemma4.feed_forward_length"],
+                      rope_theta=f["gemma4.rope.freq_base"])
+    return spec, t, f["tokenizer.ggml.token_type"]
+
+
+def make_gemma4_dspark_checkpoint(directory: Path, target_path, *, dtype="BF16", seed=1, counting=False,
+                                  softcap=None, **config_kw) -> Path:
+    """A Gemma4DSparkModel checkpoint whose embeddings and head are the target's (frozen copies,
+    as DeepSpec trains them) and whose mask is Gemma's `<mask>` (id 4). counting=True: the Markov
+    head encodes the counting target's successor rule (specgguf.synthetic_gemma4) and outweighs
+    the draft's own logits, so whole blocks are accepted where the target counts."""
+    from specgguf.synthetic import head_for
+    from specgguf.synthetic_gemma4 import MASK_ID, gemma_successor
+
+    spec, tw, types = gemma4_target_spec(target_path)
+    config = dspark_config(spec, backbone="gemma4", **config_kw)
+    config.update({"mask_token_id": MASK_ID, "final_logit_softcapping": softcap,
+                   "dtype": {"BF16": "bfloat16", "F16": "float16"}.get(dtype, "float32")})
+    tensors = dspark_tensors(spec, config, seed)
+    tensors["embed_tokens.weight"], tensors["lm_head.weight"] = tw["token_embd.weight"], tw["output.weight"]
+    if counting:
+        w1 = tensors["markov_head.markov_w1.weight"]
+        tensors["markov_head.markov_w2.weight"] = head_for(w1, gemma_successor(types), 40.0)
+    return write_checkpoint(directory, config, tensors, dtype)

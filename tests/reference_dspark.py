@@ -58,11 +58,27 @@ def _attend(q, k, v, scale, mask=None):
     return np.einsum("hqk,khd->qhd", p, v)
 
 
+def torch_scale(value: float, dtype: str | None) -> float:
+    """A Python float scale as torch applies it after `.to(dtype)` (bf16 / f16 rounding)."""
+    x = np.float32(value)
+    if dtype == "bfloat16":
+        b = x.view(np.uint32)
+        return float(((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+                     .view(np.float32))
+    if dtype == "float16":
+        return float(np.float16(x))
+    return float(x)
+
+
 def dspark_block(w: dict, config: dict, features: np.ndarray, anchor_token: int,
-                 block_size: int | None = None):
+                 block_size: int | None = None, *, softcap: bool = True, embed_scale: float | None = None):
     """Logits [bs, V] (Markov-biased if present) and confidences [bs] (or None) for one block.
 
     features: [P, K*H] target features at positions 0..P-1; the anchor is at position P.
+    Gemma 4: embeddings are scaled by sqrt(H) cast to the checkpoint's dtype (Gemma4Text-
+    ScaledWordEmbedding multiplies by `embed_scale.to(weight.dtype)`; `embed_scale` overrides
+    it), and with `final_logit_softcapping` the logits are capped before the Markov bias is
+    added (compute_logits, then apply_block_logits); softcap=False leaves them uncapped.
     """
     gemma = str(config.get("model_type", "")).startswith("gemma4")
     H = config["hidden_size"]
@@ -91,7 +107,7 @@ def dspark_block(w: dict, config: dict, features: np.ndarray, anchor_token: int,
     tokens = [anchor_token] + [mask_id] * (bs - 1)
     x = w["embed_tokens.weight"][tokens].astype(np.float64)
     if gemma:
-        x = x * math.sqrt(H)
+        x = x * (embed_scale if embed_scale is not None else torch_scale(math.sqrt(H), config.get("dtype")))
     ctx_pos, blk_pos = np.arange(P), np.arange(P, P + bs)
     for i in range(config["num_hidden_layers"]):
         p = f"layers.{i}."
@@ -126,6 +142,9 @@ def dspark_block(w: dict, config: dict, features: np.ndarray, anchor_token: int,
             x = x * w[p + "layer_scalar"][0]
     hn = rms_norm(x, w["norm.weight"], eps)
     logits = hn @ w["lm_head.weight"].T
+    cap = config.get("final_logit_softcapping") if gemma and softcap else None
+    if cap:
+        logits = np.tanh(logits / cap) * cap
     conf = None
     if config.get("markov_rank"):
         w1, w2 = w["markov_head.markov_w1.weight"], w["markov_head.markov_w2.weight"]
