@@ -9,6 +9,7 @@ becomes a one-line error that says what to do.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,34 +132,64 @@ def _dspark_kind(config: dict, backbone: str) -> Kind:
     return Kind("deepspec-dspark", backbone, "dspark" if rank else "dflash")
 
 
+# Sizes and counts: a zero would divide by zero or describe an empty model.
+_POSITIVE = frozenset({
+    "hidden_size", "intermediate_size", "num_hidden_layers", "draft_num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "num_global_key_value_heads", "head_dim",
+    "global_head_dim", "vocab_size", "draft_vocab_size", "max_position_embeddings",
+    "num_target_layers", "target_hidden_size",
+})
+_INT_MAX = 2**31 - 1  # GGUF stores these as 32-bit values; llama.cpp reads most as int32
+
+
 def get_int(config: dict, key: str, *alts: str, default=None) -> int:
-    """An integer hyper-parameter; a missing or non-integer one is a UserError."""
+    """An integer hyper-parameter; a missing, non-integer or out-of-range one is a UserError
+    (negative never, zero not for sizes and counts)."""
     for k in (key, *alts):
         if k in config and config[k] is not None:
             value = config[k]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or int(value) != value):
                 raise UserError(f"config.json: {k} must be an integer, got {value!r}")
-            return int(value)
+            value = int(value)
+            low = 1 if k in _POSITIVE else 0
+            if not low <= value <= _INT_MAX:
+                raise UserError(f"config.json: {k} is {value}, outside {low}..{_INT_MAX}: the config is damaged")
+            return value
     if default is not None:
         return default
     raise UserError(f"config.json lacks {key}: the checkpoint config is incomplete")
 
 
 def get_float(config: dict, key: str, default=None) -> float:
+    """A positive, finite float hyper-parameter (epsilons, RoPE bases and factors)."""
     value = config.get(key, default)
     if value is None:
         raise UserError(f"config.json lacks {key}: the checkpoint config is incomplete")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"config.json: {key} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"config.json: {key} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+# RoPE numbers the converters read; each must be a positive finite number when present.
+_ROPE_NUMBERS = ("rope_theta", "factor", "partial_rotary_factor", "low_freq_factor", "high_freq_factor",
+                 "original_max_position_embeddings")
 
 
 def rope_parameters(config: dict, layer_type: str = "full_attention") -> dict:
     """RoPE settings in transformers-5 (`rope_parameters`) or older (`rope_theta`) form."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise UserError(f"config.json: {key} must be an object, got {config[key]!r}")
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
+    if layer_type in params and isinstance(params[layer_type], dict):
         params = params[layer_type]  # Gemma-style per-layer-type table
-    params = dict(params) if isinstance(params, dict) else {}
+    params = dict(params)
     if "rope_theta" not in params and "rope_theta" in config:
         params["rope_theta"] = config["rope_theta"]
+    for key in _ROPE_NUMBERS:
+        if params.get(key) is not None:
+            get_float(params, key)
     return params

@@ -1,8 +1,9 @@
 """click commands `convert` and `models`; the `specgguf` group adds them.
 
-Bad input is raised as `UserError`; the group prints it as one line and exits 2. SIGINT and
-SIGTERM during a conversion end it with one line and exit 130 / 143 after the partial output
-files are removed (the writer removes them while the exception unwinds).
+Bad input is raised as `UserError`; the group prints it as one line and exits 2. SIGINT,
+SIGTERM and SIGHUP during a conversion end it with one line and exit 128 + the signal number
+(130, 143, 129) after the partial output files are removed (the writer removes them while the
+exception unwinds).
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ class _Signalled(BaseException):
 
 @contextmanager
 def _signals_unwind():
-    """Turn SIGINT and SIGTERM into `_Signalled` (SIGTERM would otherwise kill the process
-    without cleanup); a second signal during the cleanup is ignored so that it completes."""
+    """Turn SIGINT, SIGTERM and SIGHUP into `_Signalled` (the last two would otherwise kill the
+    process without cleanup); a second signal during the cleanup is ignored so that it completes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = (signal.SIGINT, signal.SIGTERM)
+    sigs = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
     def handler(signum, frame):
         for s in sigs:
@@ -104,7 +105,8 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
                 click.echo("", err=True)  # end the bar's line (or the bare label off a terminal)
     if signalled is not None:
         name = signal.Signals(signalled).name
-        click.echo(f"error: interrupted by {name}; no output was written (partial files removed)", err=True)
+        click.echo(f"error: interrupted by {name}; partial files removed, any older output left as it was",
+                   err=True)
         sys.exit(128 + signalled)
     s = result.summary
     extra = []

@@ -104,6 +104,23 @@ def test_malformed_architectures_is_refused(tmp_path, target, archs):
     refused(tmp_path, ck, target, "architectures must be a list of class names")
 
 
+@pytest.mark.parametrize("edit, match", [
+    ({"mask_token_id": -1}, "mask_token_id is -1, outside 0.."),          # was a struct.error traceback
+    ({"num_attention_heads": 0}, "num_attention_heads is 0, outside 1.."),  # was ZeroDivisionError
+    ({"num_hidden_layers": 0, "layer_types": []}, "num_hidden_layers is 0"),
+    ({"max_position_embeddings": 2**40}, "max_position_embeddings is 1099511627776, outside"),
+    ({"block_size": 10**12}, "block_size is 1000000000000, outside"),
+    ({"hidden_size": 64.5}, "hidden_size must be an integer"),
+    ({"hidden_size": float("inf")}, "hidden_size must be an integer"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a positive finite number"),  # was converted
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps must be a positive finite number"),
+    ({"rope_parameters": {"rope_theta": 0, "rope_type": "default"}}, "rope_theta must be a positive"),
+    ({"rope_parameters": [1e6]}, "rope_parameters must be an object"),  # was silently ignored
+])
+def test_out_of_range_config_values_are_refused(tmp_path, target, edit, match):
+    refused(tmp_path, _checkpoint(tmp_path, lambda c: c.update(edit)), target, match)
+
+
 # -- checkpoints: values and shapes ------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, out_type, value", [
@@ -290,6 +307,13 @@ def test_cli_output_in_a_read_only_directory(tmp_path, target, small_ckpt):
     assert list(ro.iterdir()) == []
 
 
+def test_cli_output_name_too_long(tmp_path, target, small_ckpt):
+    proc = cli("convert", small_ckpt, "--target", target, "-o", tmp_path / ("d" * 300 + ".gguf"))
+    assert proc.returncode == 2
+    assert "name too long" in one_error_line(proc).lower()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not POSIX, reason="pid liveness")
 def test_stale_partial_files_are_removed_by_the_next_run(tmp_path, target, small_ckpt):
     out = tmp_path / "d.gguf"
@@ -354,8 +378,8 @@ def _finish(proc, out: Path, sig: int) -> None:
     assert proc.returncode == expected, err
     assert "Traceback" not in err, err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: interrupted by {signal.Signals(sig).name}; no output was written "
-                      "(partial files removed)"], err
+    assert errors == [f"error: interrupted by {signal.Signals(sig).name}; partial files removed, any "
+                      "older output left as it was"], err
     assert sorted(p.name for p in out.parent.iterdir()) == [], "files left behind"
 
 
@@ -413,6 +437,25 @@ def test_signal_while_quantising(tmp_path, big, sig):
     proc.send_signal(sig)
     _finish(proc, out, sig)
     assert _quantiser_children(out) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
+def test_python_api_ctrl_c_while_quantising(tmp_path, big):
+    # Without our CLI handler: Python's own KeyboardInterrupt must stop the quantiser too (it
+    # used to be swallowed inside llama.cpp's log callback, and the conversion finished).
+    tgt, ck = big
+    out = tmp_path / "out" / "d.gguf"
+    out.parent.mkdir()
+    code = ("import sys; from specgguf.converters import convert; "
+            "convert(sys.argv[1], sys.argv[2], sys.argv[3], 'q4_k_m')")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ck), str(tgt), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    quantising = lambda: any(not p.name.endswith(".f16.partial") for p in partial_files(out))  # noqa: E731
+    assert _wait_for(quantising, proc), "the quantiser never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert list(out.parent.iterdir()) == [] and _quantiser_children(out) == []
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
