@@ -12,6 +12,7 @@ or a header whose offsets lie becomes a one-line `UserError`, never a numpy cras
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -97,6 +98,8 @@ class SafetensorsFile:
             size = self.path.stat().st_size
         except OSError:
             raise UserError(missing_path(self.path, "weights file")) from None
+        if not self.path.is_file():
+            raise UserError(f"weights file {self.path} is not a regular file (a directory, pipe or device)")
         if size < 8:
             raise UserError(f"{self.path.name} is truncated ({size} bytes): download the checkpoint again")
         with open(self.path, "rb") as fh:
@@ -147,7 +150,7 @@ class SafetensorsFile:
             raise UserError(f"{where} has a damaged header entry (shape {shape}, offsets "
                             f"{offsets}); download the checkpoint again")
         begin, end = offsets
-        expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        expected = math.prod(shape) * DTYPES[dtype][1]  # exact: int64 would wrap for lying shapes
         if begin < 0 or end < begin or end - begin != expected:
             raise UserError(f"{where}: header offsets {offsets} do not match its shape {shape} "
                             f"and dtype {dtype} ({expected} bytes); the file is damaged")
@@ -222,6 +225,8 @@ class Weights:
             weight_map = data["weight_map"]
             if not isinstance(weight_map, dict):
                 raise ValueError("weight_map is not an object")
+            if not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError("weight_map maps a tensor to something that is not a file name")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{index.name} is damaged ({exc}); download the checkpoint again") from None
         self._weight_map = weight_map

@@ -142,6 +142,8 @@ def read_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
         raise UserError(missing_path(p, f"{what} file"))
     if p.is_dir():
         raise UserError(f"{what} path is a directory, not a GGUF file: {p}")
+    if not p.is_file():
+        raise UserError(f"{what} path is not a regular file (a pipe or a device), not a GGUF file: {p}")
     size = p.stat().st_size
     with open(p, "rb") as fh:
         if fh.read(4) != GGUF_MAGIC:

@@ -206,6 +206,44 @@ def test_output_symlink_loop_is_refused(tmp_path, target):
         convert(str(ck), target, out)
 
 
+# -- files: not what they claim to be -----------------------------------------------------------
+
+def test_weights_file_that_is_a_directory(tmp_path, target):
+    ck = _checkpoint(tmp_path)
+    (ck / "model.safetensors").unlink()
+    (ck / "model.safetensors").mkdir()  # was IsADirectoryError
+    refused(tmp_path, ck, target, "model.safetensors is not a regular file")
+
+
+@pytest.mark.skipif(not POSIX, reason="FIFOs and /dev/null")
+def test_target_that_is_a_pipe_or_a_device(tmp_path, target):
+    ck = _checkpoint(tmp_path)
+    os.mkfifo(tmp_path / "t.gguf")  # opening it used to block forever
+    refused(tmp_path, ck, tmp_path / "t.gguf", "target path is not a regular file")
+    refused(tmp_path, ck, "/dev/null", "target path is not a regular file")
+
+
+def test_shard_index_naming_no_file(tmp_path, target):
+    ck = F.make_dspark_checkpoint(tmp_path / "ck", SPEC, shards=2)
+    index = ck / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["fc.weight"] = 3  # was a TypeError while sorting the shard names
+    index.write_text(json.dumps(data))
+    refused(tmp_path, ck, target, "index.json is damaged .weight_map maps a tensor to something")
+
+
+def test_safetensors_shape_whose_size_wraps_around(tmp_path, target):
+    ck = _checkpoint(tmp_path)
+    st = ck / "model.safetensors"
+    data = st.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header["fc.weight"].update(shape=[2**62, 4], data_offsets=[0, 0])  # 2**64 bytes: 0 in int64
+    raw = json.dumps(header).encode()
+    st.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    refused(tmp_path, ck, target, r"offsets \[0, 0\] do not match its shape \[4611686018427387904, 4\]")
+
+
 # -- files: damaged GGUF headers ---------------------------------------------------------------
 
 def _tiny_gguf(path: Path, shape=(8, 64), qtype=None) -> Path:
