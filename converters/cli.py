@@ -8,12 +8,15 @@ exception unwinds).
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
 from contextlib import contextmanager
 
 import click
+
+from specgguf.errors import UserError
 
 from . import registry
 from .writer import OUT_TYPES
@@ -57,6 +60,17 @@ def _signals_unwind():
             signal.signal(s, h)
 
 
+# Python argument of convert() -> the flag that sets it: the API's errors name the argument.
+FLAGS = {"out_type": "--type", "head": "--head", "out": "-o", "target": "--target"}
+
+
+def _flag_message(exc: UserError) -> str:
+    message, param = str(exc), getattr(exc, "param", None)
+    if param in FLAGS:
+        message = re.sub(rf"(?<![\w-])'?{re.escape(param)}'?(?!\w)", FLAGS[param], message)
+    return message
+
+
 @click.command("convert")
 @click.argument("checkpoint")
 @click.option("--target", "target", required=True, type=click.Path(dir_okay=False),
@@ -98,6 +112,10 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
                              warn=warn, offline=offline)
     except _Signalled as sig:
         signalled = sig.signum
+    except UserError as exc:
+        if getattr(exc, "param", None) not in FLAGS:
+            raise
+        raise UserError(_flag_message(exc)) from None
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

@@ -52,9 +52,9 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
     """
     warn = warn or (lambda text: None)
     if out_type not in OUT_TYPES:
-        raise UserError(f"unknown --type {out_type!r}; use one of {', '.join(OUT_TYPES)}")
+        raise _arg_error(f"unknown out_type {out_type!r}; use one of {', '.join(OUT_TYPES)}", "out_type")
     if head not in HEADS:
-        raise UserError(f"unknown --head {head!r}; use shared or own")
+        raise _arg_error(f"unknown head {head!r}; use 'shared' or 'own'", "head")
     entry = registry.find(checkpoint)
     if entry is not None and entry["kind"] == "eagle3" and entry["backbone"] != "qwen3":
         from .checkpoints import Kind  # refuse before downloading gigabytes
@@ -65,7 +65,7 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
         try:
             out = Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
         except OSError:  # the current directory was deleted under us
-            raise UserError("the current directory no longer exists; give -o") from None
+            raise _arg_error("the current directory no longer exists; give the output path (out)", "out") from None
     out_path = Path(out)
     out_path = check_output_path(out_path, tgt.path)
 
@@ -95,6 +95,13 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
                   target_layers=plan.summary["target_layers"], block_size=plan.summary.get("block_size"),
                   tensors=stats["tensors"], types=stats["types"], size_bytes=stats["bytes"], head=head,
                   cost_ratio=_cost_ratio(stats["path"], tgt), summary=plan.summary)
+
+
+def _arg_error(message: str, param: str) -> UserError:
+    """A UserError about one argument: `param` is its Python name, which the CLI shows as its flag."""
+    err = UserError(message)
+    err.param = param
+    return err
 
 
 def _stem(checkpoint: str) -> str:

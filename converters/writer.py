@@ -252,7 +252,7 @@ def _check_output_path(out: Path, target_path: Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot write to {out.parent} ({exc.strerror or exc}); choose another output file") from None
     if out.exists() and out.resolve() == Path(target_path).resolve():
-        raise UserError("output file is the target GGUF itself; choose another -o")
+        raise UserError("output file is the target GGUF itself; choose another output file")
     return out
 
 

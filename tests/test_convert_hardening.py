@@ -352,6 +352,17 @@ def test_cli_output_name_too_long(tmp_path, target, small_ckpt):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not POSIX, reason="a deleted working directory")
+def test_cli_default_output_in_a_deleted_working_directory(tmp_path, target, small_ckpt):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -m specgguf convert "$3" --target "$4"',
+                           "sh", str(gone), sys.executable, str(small_ckpt), str(target)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "the current directory no longer exists; give the output path (-o)" in one_error_line(proc)
+
+
 @pytest.mark.skipif(not POSIX, reason="pid liveness")
 def test_stale_partial_files_are_removed_by_the_next_run(tmp_path, target, small_ckpt):
     out = tmp_path / "d.gguf"

@@ -216,8 +216,8 @@ def test_missing_target(tmp_path, ckpt):
 
 
 def test_bad_type_and_head(tmp_path, ckpt, target):
-    refused(tmp_path, ckpt, target, "unknown --type", out_type="q2_k")
-    refused(tmp_path, ckpt, target, "unknown --head", head="half")
+    refused(tmp_path, ckpt, target, "unknown out_type 'q2_k'", out_type="q2_k")  # Python names, not flags
+    refused(tmp_path, ckpt, target, "unknown head 'half'", head="half")
 
 
 def test_checkpoint_not_found(tmp_path, target):
