@@ -22,7 +22,7 @@ from .deepspec import plan_dspark
 from .deepspec_eagle3 import plan_deepspec_eagle3, refuse_gemma4
 from .eagle3 import plan_eagle3
 from .safetensors import Weights
-from .writer import OUT_TYPES, check_output_path, write_draft
+from .writer import OUT_TYPES, check_output_path, remove_stale_partials, write_draft
 
 HEADS = ("shared", "own")
 
@@ -66,8 +66,8 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
             out = Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
         except OSError:  # the current directory was deleted under us
             raise _arg_error("the current directory no longer exists; give the output path (out)", "out") from None
-    out_path = Path(out)
-    out_path = check_output_path(out_path, tgt.path)
+    out_path = check_output_path(Path(out), tgt.path)
+    remove_stale_partials(out_path)  # left by a killed run; even if this one fails later
 
     directory = locate(checkpoint, offline=offline)
     config = load_config(directory)

@@ -374,9 +374,22 @@ def test_stale_partial_files_are_removed_by_the_next_run(tmp_path, target, small
     other = tmp_path / f".e.gguf.{dead.pid}.partial"  # another output's
     for p in [*stale, alive, other]:
         p.write_bytes(b"x" * 1000)
+    with pytest.raises(UserError):  # refused before the output is looked at: nothing touched
+        convert(str(small_ckpt), target, out, head="half")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(p.name for p in stale), alive.name, other.name])
+    with pytest.raises(UserError, match="NaN"):  # a run that fails later has cleared them
+        convert(str(_nan_checkpoint(tmp_path)), target, out)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted([alive.name, other.name])
     convert(str(small_ckpt), target, out)
     assert out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["d.gguf", alive.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted(["d.gguf", alive.name, other.name])
+
+
+def _nan_checkpoint(tmp_path):
+    def edit(t):
+        t["fc.weight"] = np.full_like(t["fc.weight"], np.nan)
+
+    return _checkpoint(tmp_path, edit_tensors=edit, name="nan")
 
 
 # -- signals --------------------------------------------------------------------------------
