@@ -14,6 +14,63 @@ from .patchprobe import BUILD_COMMAND
 # llama.cpp accepts draft vocabularies up to this many tokens larger or smaller (padding).
 MAX_VOCAB_DIFF = 128
 
+# Limits the pinned llama.cpp asserts on while loading (llama-hparams.h): a file beyond them
+# aborts the process instead of failing to load, so they are checked here first.
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 256
+# Architectures that only draft: their graph reads a target's hidden states or shares its
+# cache, so alone they produce nonsense (or abort) as a target.
+DRAFT_ONLY_ARCHS = frozenset({"eagle3", "dflash", "gemma4-assistant"})
+
+
+def check_loadable(info: GGUFInfo, role: str) -> None:
+    """Hyperparameters within llama.cpp's limits and a file in the right role, on metadata
+    alone; `role` is "target" or "draft". `inspect` reports the same verdicts."""
+    name = f"{role} {info.path.name}"
+    if role == "target" and info.arch in DRAFT_ONLY_ARCHS:
+        raise UserError(f"{name} is a draft ({info.arch} architecture), not a target model: pass it with "
+                        "--draft beside the target it was made for")
+    n_layer = info.metadata.get(f"{info.arch}.block_count")
+    if n_layer is None:
+        raise UserError(f"{name} has no {info.arch}.block_count key: the file is damaged or not a model")
+    if not isinstance(n_layer, int) or not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        raise UserError(f"{name} declares {n_layer!r} layers ({info.arch}.block_count); llama.cpp handles "
+                        f"1 to {LLAMA_MAX_LAYERS}: the file is damaged or was written wrongly")
+    width = info.metadata.get(f"{info.arch}.embedding_length")
+    if width is not None and (not isinstance(width, int) or width < 1):
+        raise UserError(f"{name} declares width {width!r} ({info.arch}.embedding_length): the file is damaged")
+    heads = info.arrays.get(f"{info.arch}.attention.head_count", info.metadata.get(f"{info.arch}.attention.head_count"))
+    if isinstance(heads, list) and len(heads) not in (1, n_layer):
+        raise UserError(f"{name} lists {len(heads)} head counts for {n_layer} layers "
+                        f"({info.arch}.attention.head_count): the file is damaged")
+    experts = info.metadata.get(f"{info.arch}.expert_count", 0)
+    used = info.metadata.get(f"{info.arch}.expert_used_count", 0)
+    if isinstance(experts, int) and isinstance(used, int) and (experts > LLAMA_MAX_EXPERTS or used > experts):
+        raise UserError(f"{name} declares {used} of {experts} experts per token; llama.cpp handles at most "
+                        f"{LLAMA_MAX_EXPERTS} experts and no more used than exist: the file is damaged")
+    if info.arch == "gemma4":
+        _check_gemma4(info, name, n_layer)
+
+
+def _check_gemma4(info: GGUFInfo, name: str, n_layer: int) -> None:
+    """What the gemma4 loader asserts on when a context is made (llama-model.cpp's memory setup):
+    the cache is always interleaved sliding/full, so some layer must slide, and layers that
+    reuse earlier layers' KV (shared_kv_layers) must leave at least two that own theirs."""
+    pattern = info.arrays.get("gemma4.attention.sliding_window_pattern")
+    if pattern is not None and not any(pattern[:n_layer]):
+        raise UserError(f"{name} marks no layer as sliding-window (gemma4.attention.sliding_window_pattern), "
+                        "which llama.cpp aborts on: the file was converted wrongly; convert it again")
+    shared = info.metadata.get("gemma4.attention.shared_kv_layers", 0)
+    if isinstance(shared, int) and shared > 0 and n_layer - shared < 2:
+        raise UserError(f"{name} shares the KV cache of {shared} of its {n_layer} layers, leaving fewer than 2 "
+                        "with their own, which llama.cpp aborts on: the file was converted wrongly")
+
+
+def is_gemma4_draft(draft: GGUFInfo) -> bool:
+    """A dflash draft converted from a Gemma-4 checkpoint (sqrt(H) embeddings, Gemma's post norms)."""
+    return draft.arch == "dflash" and (draft.metadata.get("dflash.embedding_scale") is not None
+                                       or draft.has_tensor("blk.0.post_attention_norm.weight"))
+
 
 def check_shared_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
     """A plain draft model must tokenize exactly like the target (spec.cpp:67-130)."""
@@ -99,6 +156,12 @@ def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min:
                             "layers; use the target it was trained for")
         if draft.mask_id is None:
             raise UserError(f"{name} has no mask token (tokenizer.ggml.mask_token_id); convert it again")
+        if not 0 <= draft.mask_id < target.n_vocab:
+            raise UserError(f"{name} has mask token id {draft.mask_id}, outside the target's {target.n_vocab}-token "
+                            "vocabulary; convert it again against this target")
+        if is_gemma4_draft(draft) and target.arch != "gemma4":
+            raise UserError(f"{name} is a Gemma-4 draft but {target.path.name} is a {target.arch!r} model; "
+                            "use the gemma4 target it was converted for")
         if kind == "dspark" and p_min > 0 and draft.metadata.get("dflash.has_confidence_head") is False:
             raise UserError(f"{name} has no confidence head, so --draft-p-min must be 0")
     if draft.n_vocab != target.n_vocab:

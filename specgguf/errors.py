@@ -7,9 +7,16 @@ Every check of user input (files, settings, draft/target pairs, checkpoints) rai
 
 
 class UserError(Exception):
-    """Bad input from the user: one line, what is wrong and what to do."""
+    """Bad input from the user: one line, what is wrong and what to do.
+
+    `param` names the Python argument at fault (n_ctx, max_tokens, ...): library messages
+    speak Python, and the CLI rewrites that name into its flag (--ctx, --max-tokens)."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class LlamaError(RuntimeError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from .compat import LAYER_INPUT_ARCHS, check_hidden_state_pair, check_shared_vocab
+from .compat import (LAYER_INPUT_ARCHS, check_hidden_state_pair, check_loadable, check_shared_vocab,
+                     is_gemma4_draft, needs_eagle3_patch)
 from .drafters import detect_kind
 from .errors import UserError
 from .ggufinfo import read_gguf
+from .patchprobe import BUILD_COMMAND
 
 
 def describe(path, target_path=None) -> list[str]:
@@ -22,6 +24,10 @@ def describe(path, target_path=None) -> list[str]:
         f"chat template: {'yes' if info.chat_template else 'none (chat uses a fallback format)'}",
     ]
     kind = detect_kind(info)
+    try:
+        check_loadable(info, "target" if kind == "model" else "draft")
+    except UserError as exc:
+        lines.append(f"problem:      {exc}")
     if kind == "model":
         feeds = "yes" if info.arch in LAYER_INPUT_ARCHS else "no (its graph exposes no layer inputs)"
         lines.append("as a target:  any plain draft of the same tokenizer, or ngram; "
@@ -35,6 +41,7 @@ def describe(path, target_path=None) -> list[str]:
             rule = "sample-from-anchor" if (anchor is True or (kind == "dspark" and anchor is not False)) else "in-place"
             extra = ", confidence head" if info.has_tensor("conf_proj.weight") else ""
             lines.append(f"block:        {info.metadata.get('dflash.block_size', 16)} tokens, {rule} slots{extra}")
+        lines.append(f"runs on:      {_runs_on(info, kind)}")
     lines.append(f"sampling:     --accept ratio uses {RATIO_Q[kind]}")
     if target_path:
         tgt = read_gguf(target_path, "target")
@@ -57,6 +64,19 @@ def describe(path, target_path=None) -> list[str]:
 _POINT = "point masses (this kind drafts greedily): still exact, acceptance p(draft)"
 RATIO_Q = {"model": "q = the draft's own sampled distribution (same transforms as the target)",
            "eagle3": _POINT, "dflash": _POINT, "dspark": _POINT}
+
+
+def _runs_on(info, kind: str) -> str:
+    """Which llama.cpp build runs this draft, and beside which target architectures."""
+    if kind == "eagle3" and needs_eagle3_patch(info):
+        build = f"the patched build only (`{BUILD_COMMAND}`; the stock one refuses it)"
+    else:
+        build = "the stock build"
+    if is_gemma4_draft(info):
+        targets = "a gemma4 target (a Gemma-4 draft)"
+    else:
+        targets = "targets that expose layer inputs (qwen3, llama, qwen3moe, gemma4, ...; not gemma3)"
+    return f"{build}, beside {targets} of the same vocabulary"
 
 
 def _head(info) -> str:

@@ -7,8 +7,9 @@ import sys
 
 import click
 
+from .. import params
 from ..errors import LlamaError, UserError
-from .options import DEMO_PROMPT, model_options, open_model, sampling_from, sampling_options
+from .options import DEMO_PROMPT, flag_message, model_options, open_model, sampling_from, sampling_options
 from .build import build_llama
 from .profile import profile
 from .serve import serve
@@ -29,7 +30,7 @@ class _Group(click.Group):
         except click.ClickException as exc:
             _fail(exc.format_message())
         except (UserError, LlamaError) as exc:
-            _fail(str(exc))
+            _fail(flag_message(exc))
         except KeyboardInterrupt:
             sys.exit(130)
         except BrokenPipeError:
@@ -63,9 +64,9 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
     if max_tokens < 0:
         raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
     sampling = sampling_from(opts)  # checked before a model is loaded
-    prompt = DEMO_PROMPT if prompt is None else prompt
+    prompt = DEMO_PROMPT if prompt is None else params.text_value(prompt, "prompt")
     with open_model(**opts) as llm:
-        tokens = llm.tokenize(prompt)
+        tokens = llm.tokenize(prompt, special=True)
         gen, text = llm.stream_tokens(tokens, max_tokens, list(stop), sampling)
         for chunk in text:
             if not as_json:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UserError
+
 
 
 def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=None) -> None:
@@ -23,6 +25,9 @@ def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=Non
         except (EOFError, click.Abort):
             click.echo()
             return
+        except UnicodeDecodeError as exc:  # bytes on stdin that are not UTF-8: refuse the line, go on
+            click.echo(f"error: that line is not valid UTF-8 (byte {exc.start}); type it again", err=True)
+            continue
         cmd = line.strip()
         if not cmd:
             continue
@@ -36,7 +41,12 @@ def run_repl(llm, system: str | None = None, max_tokens: int = 512, sampling=Non
             click.echo(last_stats.summary() if last_stats else "(no answer yet)", err=True)
             continue
         messages.append({"role": "user", "content": line})
-        prompt = llm.chat_prompt(messages)
+        try:
+            prompt = llm.chat_prompt(messages)
+        except UserError as exc:
+            messages.pop()
+            click.echo(f"error: {exc}", err=True)
+            continue
         if len(prompt) + 1 >= llm.target.n_ctx:
             messages.pop()
             click.echo(f"error: the conversation ({len(prompt)} tokens) no longer fits the context "

@@ -124,8 +124,9 @@ class Scheduler:
                 if outcome == "served":
                     self._durations.append(time.monotonic() - t0)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Cancel what waits, let the running job stop at its next round, end the thread."""
+    def close(self) -> None:
+        """Cancel what waits, let the running job stop at its next round (or prefill chunk), and
+        wait for the thread to end: the model must not be freed under a running job."""
         with self._lock:
             if self._current is not None:
                 self._current.cancel()
@@ -140,4 +141,4 @@ class Scheduler:
                 with self._lock:
                     self._waiting -= 1
         self._queue.put(None)
-        self._thread.join(timeout)
+        self._thread.join()

@@ -1,0 +1,86 @@
+"""The package's layers stay visible: no import cycles, ctypes in one module, no module that
+reaches back up into a front end."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import specgguf
+
+ROOT = Path(specgguf.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    import importlib
+
+    conv = Path(importlib.import_module("specgguf.converters").__file__).parent
+    out = {}
+    for base, prefix in ((ROOT, "specgguf"), (conv, "specgguf.converters")):
+        for path in base.rglob("*.py"):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every specgguf module `name` imports, at module level or inside functions."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name and not name.startswith(t + "."):  # a package's own parents are not edges
+                found.add(t)
+    return found
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {name: _imports(name, path, set(mods)) for name, path in mods.items()}
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == "open":
+                cycles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = "done"
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_ctypes_only_in_native():
+    users = [name for name, path in _modules().items() if "import ctypes" in path.read_text()]
+    assert users == ["specgguf.native"], users
+
+
+def test_library_does_not_import_front_ends():
+    mods = _modules()
+    front = ("specgguf.cli", "specgguf.server")
+    for name, path in mods.items():
+        if name.startswith(front) or name == "specgguf.__main__" or name.startswith("specgguf.converters.cli"):
+            continue
+        bad = [m for m in _imports(name, path, set(mods)) if m.startswith(front)]
+        assert not bad, f"{name} imports front ends {bad}"
