@@ -25,6 +25,27 @@ from .verify import exact as accept_exact, greedy as accept_greedy, ratio as acc
 
 AUTO = "auto"
 AUTO_MAX = 8  # the longest draft `auto` considers for token-by-token drafters
+# logits scanned per arg-max call: a narrow vocabulary takes every verified row in one numpy
+# call; a wide one (262k: a row is 1 MB, ~60 us to scan) goes a few rows at a time, so the
+# rows after the first rejection are never scanned
+ROW_SCAN = 1 << 16
+HIDDEN_KINDS = ("eagle3", "dflash", "dspark")  # read the target's layer inputs: their own verify curve
+
+
+def greedy_ids(ctx, draft, is_eog) -> list[int]:
+    """`verify.greedy` over the target's arg-max of the last decode's rows [id_last, *draft]."""
+    block = ctx.logits_block(len(draft) + 1)
+    step = max(1, ROW_SCAN // ctx.n_vocab)
+    if step > len(draft):
+        return accept_greedy(block.argmax(axis=1).tolist().__getitem__, draft, is_eog)
+    top: list[int] = []
+
+    def argmax_at(i: int) -> int:
+        while i >= len(top):
+            top.extend(block[len(top):len(top) + step].argmax(axis=1).tolist())
+        return top[i]
+
+    return accept_greedy(argmax_at, draft, is_eog)
 
 
 class Engine:
@@ -45,13 +66,19 @@ class Engine:
             self.draft_max = AUTO_MAX if drafter is None else drafter.max_length
             spec = None if drafter is None else drafter.profile_id
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
-                                        drafter is not None and drafter.block)
+                                        drafter is not None and drafter.block,
+                                        reads_features=drafter is not None
+                                        and drafter.kind.split("+")[-1] in HIDDEN_KINDS)
             # prior acceptance: an n-gram continuation found in the text is usually right
             self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
+            if drafter is not None:
+                drafter.chooser = self.lengths
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")
             self.draft_max = draft_max
+            if drafter is not None:
+                drafter.chooser = None
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
                  sampling: SamplingParams | None = None, cancelled=None) -> "Generation":
@@ -193,13 +220,23 @@ class Generation:
                     return
                 # draft: as llama-speculative-simple, cap by the context and the token budget
                 t0 = clock()
+                conf = None
                 if lengths is not None:
                     lengths.costs = engine.profile.costs_for(pos0)
-                    n_round = lengths.next_length() if drafter is not None else 0
+                    if drafter is None:
+                        n_round = 0
+                    else:  # a lookup drafter offers all it has, then the prefix that pays is kept
+                        n_round = drafter.max_length if drafter.lookup else lengths.next_length()
+                        drafter.last_confidence = None
                 else:
                     n_round = engine.draft_max if drafter is not None else 0
                 n_max = min(n_round, ctx.n_ctx - pos0 - 2, left - 1)
                 draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
+                if lengths is not None and drafter is not None and drafter.last_confidence is not None:
+                    conf = drafter.last_confidence[:len(draft)]
+                    n_keep = lengths.cut(conf)
+                    draft, conf = draft[:n_keep], conf[:n_keep]
+                    qs = qs[:n_keep] if qs is not None else None
                 if drafter is not None:
                     drafter.rollback(pos0)
                 t1 = clock()
@@ -208,7 +245,7 @@ class Generation:
                 batch.clear().add_tokens(verify, pos0, "all")
                 ctx.decode(batch)
                 if self.sampler is None:
-                    ids = accept_greedy(ctx.argmax, draft, model.is_eog)
+                    ids = greedy_ids(ctx, draft, model.is_eog)
                 else:
                     ids = self._verify(history, id_last, draft, qs)
                 t2 = clock()
@@ -223,9 +260,9 @@ class Generation:
                 stats.draft_s += (t1 - t0) + (t3 - t2)
                 stats.verify_s += t2 - t1
                 stats.record_round(len(draft), k)
-                stats.draft_lengths.append(max(n_max, 0))
+                stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
-                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2), t2 - t1)
+                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2), t2 - t1, conf)
                 history.extend(verify[:k + 1])
                 id_last, pos0 = ids[-1], pos0 + k + 1
                 for tok in ids:

@@ -320,6 +320,14 @@ class Context(_Owned):
     def argmax(self, i: int) -> int:
         return int(self.logits(i).argmax())
 
+    def logits_block(self, n_rows: int) -> np.ndarray:
+        """A view [n_rows, n_vocab] of the logits of the last decode's first n_rows outputs, in
+        batch order when every entry asked for logits (valid until the next decode)."""
+        ptr = C.llama_get_logits(self.ptr)
+        if not ptr:
+            raise LlamaError("no logits: the last decode asked for none")
+        return np.ctypeslib.as_array(ptr, shape=(int(n_rows), self.n_vocab))
+
     def synchronize(self) -> None:
         C.llama_synchronize(self.ptr)
 

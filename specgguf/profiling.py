@@ -4,6 +4,11 @@ A profile is what `tuning.Costs` learned: V(n) by draft length and the draft's o
 It is keyed by everything that changes them (the model files' identity, the llama.cpp
 library, threads, GPU layers, a depth bucket), so a changed file or setting simply misses
 the cache and is measured again, lazily, by the first rounds of a real generation.
+
+The verify curve belongs to the target (and the machine), not to the draft: it is stored
+apart, so what one drafter's runs measured (say `ngram`) seeds the next one (`suffix`, a
+model draft). Drafters that read the target's layer inputs (eagle3, dflash, dspark) change
+the target's pass, so their curve is keyed by the draft too.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 from .defaults import cache_dir
 from .tuning import Costs
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 def depth_bucket(pos: int) -> int:
@@ -29,13 +34,24 @@ def _file_identity(path) -> list:
     return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
 
 
+def _draft_identity(draft: str | None):
+    """A draft file's identity, a kind's name (ngram, suffix), or both for a hybrid
+    ('suffix+PATH')."""
+    if draft is None:
+        return None
+    if os.path.isfile(draft):
+        return _file_identity(draft)
+    head, plus, rest = draft.partition("+")
+    return [head, _draft_identity(rest)] if plus else draft
+
+
 def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int) -> str:
     from . import native
 
     parts = {
         "v": PROFILE_VERSION,
         "target": _file_identity(target_path),
-        "draft": None if draft is None else (draft if draft == "ngram" else _file_identity(draft)),
+        "draft": _draft_identity(draft),
         "lib": _file_identity(native.library_path()),
         "threads": n_threads, "gpu_layers": n_gpu_layers, "bucket": bucket,
     }
@@ -65,19 +81,32 @@ def save(key: str, costs: Costs) -> None:
 class ProfileStore:
     """The costs of one (target, draft, settings) pair by depth bucket: loaded from the cache
     on first use of a bucket (else started from the nearest shallower one), saved after each
-    generation."""
+    generation. The verify curve is read from and written to the target's own profile unless
+    `reads_features` (the draft changes the target's pass)."""
 
-    def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False):
+    def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False,
+                 reads_features: bool = False):
         self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket)
+        verify_draft = draft if reads_features else None
+        self._verify_key = lambda bucket: profile_key(target_path, verify_draft, n_threads, n_gpu_layers, bucket)
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()
+
+    def _load(self, bucket: int) -> Costs | None:
+        costs = load(self._key(bucket))
+        shared = load(self._verify_key(bucket))
+        if shared is not None and shared.verify:
+            if costs is None:
+                costs = Costs()
+            costs.verify, costs.loaded = dict(shared.verify), dict(shared.verify)
+        return costs
 
     def costs_for(self, pos: int) -> Costs:
         bucket = depth_bucket(pos)
         costs = self.buckets.get(bucket)
         if costs is None:
-            costs = load(self._key(bucket))
+            costs = self._load(bucket)
             if costs is None:
                 shallower = [b for b in self.buckets if b < bucket]
                 costs = (Costs.from_dict(self.buckets[max(shallower)].to_dict()) if shallower
@@ -89,9 +118,12 @@ class ProfileStore:
 
     def save(self) -> None:
         for bucket in self._dirty:
-            if self.buckets[bucket].verify:
+            costs = self.buckets[bucket]
+            if costs.verify:
                 try:
-                    save(self._key(bucket), self.buckets[bucket])
+                    save(self._key(bucket), costs)
+                    if self._verify_key(bucket) != self._key(bucket):
+                        save(self._verify_key(bucket), Costs(dict(costs.verify)))
                 except OSError:
                     pass  # a read-only cache only costs re-measuring next time
         self._dirty.clear()

@@ -3,16 +3,38 @@
 A round that drafts n tokens costs D(n) (drafting) + V(n) (one target pass over n+1
 positions) and commits E(n) = 1 + sum_{i<=n} prod_{j<=i} a_j tokens on average, a_j being the
 chance that draft position j is accepted once all before it were. The controller picks the n
-(0 included: plain decoding) with the best E(n) / (D(n) + V(n)) each round. Costs are
-running averages of the engine's own timings, seeded from a profile cached on disk
-(profiling.py); acceptance is a decayed count per position around a prior. When n = 0 wins
-for a while, a short probe round refreshes the acceptance estimate, so speculation comes
-back when the text turns repetitive.
+(0 included: plain decoding) with the best E(n) / (D(n) + V(n)).
+
+V(n) is a curve through the widths measured by the engine's own rounds (seeded from a
+profile cached on disk, profiling.py): on a CPU it is far from a line (the per-position cost
+falls as batches grow), on a big GPU it is nearly flat, so it is fitted as measured: a
+monotone (isotonic) fit through the measured widths, interpolated piecewise-linearly, and
+extended past the widest measured width along its last stretch. Before anything is measured
+a prior shape stands in (`PRIOR_ROW`): cheap enough that the first long draft gets tried,
+and the first rounds then measure the real curve (docs/loop.md).
+
+Acceptance comes from one of two places:
+- a drafter's own confidence (`Drafter.last_confidence`: lookup drafters score every token
+  by match length and frequency), calibrated against what verification accepted
+  (`Calibration`); lookup drafts cost nothing, so the engine asks for the longest draft the
+  drafter has and keeps the prefix that pays (`LengthController.cut`);
+- otherwise, per draft position, decayed counts around a prior (`Acceptance`), and the length
+  is chosen before drafting (`LengthController.next_length`). When n = 0 wins for a while, a
+  short probe round refreshes the estimate, so speculation comes back when the text turns
+  repetitive.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+
+# Prior verify cost of each position beyond the first, as a fraction of a plain pass, while
+# nothing is measured: optimistic on purpose (a too-cheap guess is corrected by the round
+# that tries it; a too-dear one would never be tried).
+PRIOR_ROW = 0.04
+EXPLORE_EVERY = 16  # lookup rounds between looks at a longer width than the best guess
 
 
 def expected_tokens(accept: list[float], n: int) -> float:
@@ -22,6 +44,23 @@ def expected_tokens(accept: list[float], n: int) -> float:
         run *= a
         total += run
     return total
+
+
+def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
+    """Non-decreasing least-squares fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for y, w in zip(ys, ws):
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, c2 = blocks.pop()
+            b = blocks[-1]
+            b[0] = (b[0] * b[1] + y2 * w2) / (b[1] + w2)
+            b[1] += w2
+            b[2] += c2
+    out: list[float] = []
+    for mean, _, count in blocks:
+        out.extend([mean] * count)
+    return out
 
 
 @dataclass
@@ -34,14 +73,29 @@ class Costs:
     block: bool = False  # one pass per block (dflash/dspark): no per-token draft cost
     smoothing: float = 0.25
     fresh: set = field(default_factory=set)  # widths measured by this process (not just loaded)
+    lookup: float | None = None  # seconds a lookup drafter (ngram, suffix) spends per round
+    loaded: dict = field(default_factory=dict)  # n -> seconds as the cache had them
+    seen: dict = field(default_factory=dict)  # n -> rounds measured by this process
+
+    def __post_init__(self):
+        self._curve = None  # (V array, fitted knots) cache, rebuilt after observations
+        self._since_fit = 0
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.verify.get(n)
         # a width's first measurement here replaces what the cache said: that was another
-        # run, maybe on a busier machine
-        self.verify[n] = seconds if old is None or n not in self.fresh else old + self.smoothing * (seconds - old)
+        # run, maybe on a busier machine. Later ones move the average, a spike (the process
+        # descheduled on a shared machine) by at most half the average
+        if old is None or n not in self.fresh:
+            self.verify[n] = seconds
+        else:
+            self.verify[n] = old + self.smoothing * (min(seconds, 1.5 * old) - old)
+        new_width = n not in self.fresh
         self.fresh.add(n)
-        self._fit = None
+        self.seen[n] = self.seen.get(n, 0) + 1
+        self._since_fit += 1
+        if new_width or self._since_fit >= 8:  # refits are cheap but not free: batch small drifts
+            self._curve = None
 
     def observe_draft(self, n: int, seconds: float) -> None:
         if n <= 0:
@@ -54,41 +108,57 @@ class Costs:
             self.draft_round += self.smoothing * (fixed - self.draft_round)
             self.draft_step += self.smoothing * (per_step - self.draft_step)
 
+    def observe_lookup(self, seconds: float) -> None:
+        self.lookup = seconds if self.lookup is None else self.lookup + self.smoothing * (seconds - self.lookup)
+
+    # -- the verify curve ------------------------------------------------------------------
+    def _knots(self) -> tuple[list[int], list[float]]:
+        """Measured widths and their monotone fit. Widths only the cache knows are rescaled by
+        how this process's own measurements compare with the cache's at shared widths (the
+        machine may be busier or idler now)."""
+        ratios = sorted(self.verify[n] / self.loaded[n] for n in self.fresh
+                        if n in self.loaded and self.loaded[n] > 0)
+        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        xs = sorted(self.verify)
+        ys = [self.verify[n] if n in self.fresh else self.verify[n] * scale for n in xs]
+        ws = [min(self.seen.get(n, 0), 8) + 1.0 if n in self.fresh else 0.5 for n in xs]
+        return xs, _isotonic(ys, ws)
+
+    def curve(self, n_max: int) -> np.ndarray:
+        """V(0..n_max) in seconds (in units of a plain pass while nothing is measured)."""
+        cached = self._curve
+        if cached is not None and len(cached) > n_max:
+            return cached
+        xs, ys = self._knots() if self.verify else ([], [])
+        width = max(n_max, xs[-1] if xs else 0, 64)
+        n = np.arange(width + 1, dtype=np.float64)
+        if not xs:
+            v = 1.0 + PRIOR_ROW * n
+        else:
+            if xs[0] != 0:  # no plain round measured: V(0) from the two narrowest widths, else the prior
+                v0 = ys[0] / (1.0 + PRIOR_ROW * xs[0])
+                if len(xs) > 1 and ys[1] > ys[0]:
+                    v0 = max(ys[0] - (ys[1] - ys[0]) / (xs[1] - xs[0]) * xs[0], ys[0] / (xs[0] + 1))
+                xs, ys = [0, *xs], [v0, *ys]
+            if len(xs) == 1:
+                v = ys[0] * (1.0 + PRIOR_ROW * n)
+            else:
+                v = np.interp(n, xs, ys)
+                # past the widest width: along the last stretch (the upper half of the range)
+                last = xs[-1]
+                j = max(i for i, x in enumerate(xs) if x <= last / 2 or i == 0)
+                slope = max((ys[-1] - ys[j]) / (last - xs[j]), 0.0)
+                beyond = n > last
+                v[beyond] = ys[-1] + slope * (n[beyond] - last)
+            v = np.clip(v, ys[0], (n + 1) * ys[0])
+        self._curve, self._since_fit = v, 0
+        return v
+
     def verify_cost(self, n: int) -> float | None:
-        """V(n) from a straight line fitted through the measured widths, V(0) measured
-        directly. A line is what the hardware does (on a CPU every verified position adds the
-        output layer's cost; on a big GPU the line is flat), and fitting one averages out the
-        noise of single widths, extrapolates to widths never tried, and keeps one busy moment
-        from making a length look too dear to try again. Clamped to V(0) <= V(n) <= (n+1) V(0)."""
-        base = self.verify.get(0)
-        if n == 0 or not self.verify:
-            return base if n == 0 else None
-        line = self._line()
-        v = line[0] + line[1] * n if line else next(iter(self.verify.values()))
-        if base is None:
-            return v
-        return min(max(v, base), (n + 1) * base)
-
-    def _line(self):
-        """(intercept, slope) of the least-squares line through the measured widths; None
-        with fewer than two widths. Cached until the next observation (asked every round)."""
-        if getattr(self, "_fit", None) is None:
-            self._fit = (self._fit_line(),)
-        return self._fit[0]
-
-    def _fit_line(self):
-        pts = sorted(self.verify.items())
-        mine = [p for p in pts if p[0] in self.fresh]
-        if len(mine) >= 2:  # once this process has its own widths, the cache's stop counting
-            pts = mine
-        if len(pts) < 2:
+        """V(n) from the fitted curve; None while nothing at all is measured."""
+        if not self.verify:
             return None
-        xs = [float(x) for x, _ in pts]
-        ys = [y for _, y in pts]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-        return my - slope * mx, max(slope, 0.0)
+        return float(self.curve(n)[n])
 
     def draft_cost(self, n: int) -> float:
         if n <= 0 or self.draft_round is None:
@@ -97,12 +167,13 @@ class Costs:
 
     def to_dict(self) -> dict:
         return {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_round": self.draft_round,
-                "draft_step": self.draft_step, "block": self.block}
+                "draft_step": self.draft_step, "block": self.block, "lookup": self.lookup}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
-        return cls({int(k): float(v) for k, v in d.get("verify", {}).items()}, d.get("draft_round"),
-                   d.get("draft_step"), bool(d.get("block", False)))
+        verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
+        return cls(verify, d.get("draft_round"), d.get("draft_step"), bool(d.get("block", False)),
+                   lookup=d.get("lookup"), loaded=dict(verify))
 
 
 class Acceptance:
@@ -135,19 +206,60 @@ class Acceptance:
         return out
 
 
+class Calibration:
+    """A drafter's raw confidence -> the acceptance verification actually shows, by bins of
+    the raw value: decayed counts around the raw value itself (a pseudo-count), so an honest
+    drafter is trusted from the start and a boastful one is corrected within a few rounds."""
+
+    def __init__(self, bins: int = 20, weight: float = 3.0, decay: float = 0.995):
+        self.bins, self.weight, self.decay = bins, weight, decay
+        self.tried = np.zeros(bins)
+        self.accepted = np.zeros(bins)
+
+    def _bin(self, raw: np.ndarray) -> np.ndarray:
+        return np.minimum((raw * self.bins).astype(np.intp), self.bins - 1)
+
+    def rates(self, raw) -> np.ndarray:
+        raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
+        b = self._bin(raw)
+        return (self.accepted[b] + self.weight * raw) / (self.tried[b] + self.weight)
+
+    def update(self, raw, n_accepted: int) -> None:
+        """Tokens 1..k were accepted, k+1 rejected, the rest never tested."""
+        tested = min(n_accepted + 1, len(raw))
+        if tested <= 0:
+            return
+        b = self._bin(np.clip(np.asarray(raw[:tested], dtype=np.float64), 0.0, 1.0))
+        self.tried *= self.decay
+        self.accepted *= self.decay
+        self.tried += np.bincount(b, minlength=self.bins)
+        self.accepted += np.bincount(b[:n_accepted], minlength=self.bins)
+
+
+def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
+                draft_cost=None) -> tuple[int, float]:
+    """(n, expected tokens per second) for the best n in 0..n_avail, given acceptance `accept`
+    (one conditional rate per position) and `overhead` seconds every round pays anyway.
+    draft_cost: D(n) for n = 0..n_avail (None: free). Ties go to the shorter draft."""
+    v = costs.curve(n_avail)[:n_avail + 1]
+    e = np.ones(n_avail + 1)
+    if n_avail:
+        e[1:] += np.cumsum(np.cumprod(np.asarray(accept[:n_avail], dtype=np.float64)))
+    cost = v + overhead if draft_cost is None else v + overhead + draft_cost
+    rate = e / np.maximum(cost, 1e-12)
+    best = float(rate.max())
+    n = int(np.argmax(rate >= best * (1 - 1e-4)))
+    return n, float(rate[n])
+
+
 def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
     """The n in 0..n_max with the best expected tokens per second (0 when nothing pays)."""
     if not costs.verify:
         return min(n_max, 2)  # nothing measured yet: a short draft measures both sides
     if 0 not in costs.fresh:
         return 0  # then one plain round: the baseline every other length is compared with
-    best_n, best_rate = 0, 1.0 / costs.verify[0]
-    for n in range(1, n_max + 1):
-        cost = costs.verify_cost(n) + costs.draft_cost(n)
-        rate = expected_tokens(accept, n) / cost if cost > 0 else float("inf")
-        if rate > best_rate * 1.0001:  # ties go to the shorter draft
-            best_n, best_rate = n, rate
-    return best_n
+    draft = np.array([costs.draft_cost(n) for n in range(n_max + 1)])
+    return best_prefix(costs, accept, n_max, draft_cost=draft)[0]
 
 
 class LengthController:
@@ -157,15 +269,51 @@ class LengthController:
         self.n_max = n_max
         self.costs = costs or Costs()
         self.acceptance = Acceptance(n_max, prior)
+        self.calibration = Calibration()  # kept across generations: it describes the drafter
         self.probe_every = probe_every
         self.rebase_every = 32
         self._probe_after = probe_every
-        self._idle = self._rounds = self._since_plain = 0
+        self._idle = self._rounds = self._since_plain = self._lookups = 0
 
     def reset(self) -> None:
-        """A new generation: acceptance is per text, costs carry over."""
+        """A new generation: acceptance is per text, costs and calibration carry over."""
         self.acceptance = Acceptance(self.n_max, self.acceptance.prior)
         self._idle = 0
+
+    # -- lookup drafters: draft everything, keep what pays ----------------------------------
+    def value(self, confidence) -> tuple[int, float]:
+        """(n, tokens per second) of the best prefix of a draft with these raw confidences."""
+        rates = self.calibration.rates(confidence) if len(confidence) else ()
+        return best_prefix(self.costs, rates, len(confidence), self.costs.lookup or 0.0)
+
+    def cut(self, confidence) -> int:
+        """How many tokens of a lookup draft (scored by `confidence`) to verify. Once, early,
+        none: a plain round measures V(0), the baseline, if the text has not offered one."""
+        self._lookups += 1
+        if self._lookups == 4 and 0 not in self.costs.fresh:
+            return 0
+        n = self.value(confidence)[0]
+        if self._lookups % EXPLORE_EVERY == 0 and n < len(confidence):
+            # now and then a longer prefix than the best guess, where the draft is still
+            # likely right: one unlucky measurement must not rule a width out for good
+            m = min(len(confidence), 2 * n + 2)
+            likely = np.cumprod(self.calibration.rates(confidence[:m]))
+            m = int(np.count_nonzero(likely >= 0.5))
+            n = max(n, m)
+        return n
+
+    # -- sequential drafters: choose before drafting --------------------------------------
+    def plan(self, n_max: int | None = None) -> tuple[int, float]:
+        """(n, tokens per second) of the best length for a sequential draft of at most n_max."""
+        n_max = self.n_max if n_max is None else min(n_max, self.n_max)
+        draft = np.array([self.costs.draft_cost(n) for n in range(n_max + 1)])
+        return best_prefix(self.costs, self.acceptance.rates(), n_max, draft_cost=draft)
+
+    def plan_rate(self, n: int) -> float:
+        """Expected tokens per second of a sequential draft of n tokens (the lookup that ran
+        anyway included): what a hybrid compares a lookup draft's `value` with."""
+        v = self.costs.curve(n)[n] + self.costs.draft_cost(n) + (self.costs.lookup or 0.0)
+        return expected_tokens(self.acceptance.rates(), n) / max(v, 1e-12)
 
     def next_length(self) -> int:
         n = choose_length(self.costs, self.acceptance.rates(), self.n_max)
@@ -193,8 +341,15 @@ class LengthController:
                 return n + 1
         return n
 
-    def record(self, n_asked: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def record(self, n_asked: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
+               confidence=None) -> None:
+        """One round's outcome. confidence: the raw scores of the verified draft tokens (a
+        lookup round), else None (a sequential round, or a plain one)."""
         self.costs.observe_verify(n_drafted, verify_s)
-        if n_asked > 0:
+        if confidence is not None:
+            self.costs.observe_lookup(draft_s)
+            if n_drafted:
+                self.calibration.update(confidence[:n_drafted], n_accepted)
+        elif n_asked > 0:
             self.costs.observe_draft(max(n_drafted, 1), draft_s)
             self.acceptance.update(n_drafted, n_accepted)

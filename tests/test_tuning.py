@@ -7,7 +7,7 @@ import os
 import pytest
 
 from specgguf import profiling
-from specgguf.tuning import Acceptance, Costs, LengthController, choose_length, expected_tokens
+from specgguf.tuning import Acceptance, Calibration, Costs, LengthController, choose_length, expected_tokens
 
 
 def costs(v0, slope, draft_round=0.0, draft_step=0.0, widths=range(0, 9), block=False):
@@ -82,6 +82,145 @@ def test_controller_backs_off_when_costs_rule_drafting_out():
     picks = [ctl.next_length() for _ in range(80)]
     probes = [i for i, n in enumerate(picks) if n > 0]
     assert probes[:3] == [4, 14, 34]  # after 5, then 10, then 20 idle rounds
+
+
+# -- the measured verify curve and lookup drafts (injected costs, no timing) ------------------
+
+def cpu_curve(n):
+    """A CPU-like verify curve (seconds): the per-position cost falls as batches grow."""
+    return 10e-3 + 2.0e-3 * n ** 0.6
+
+
+def test_verify_curve_follows_a_measured_bend():
+    """Measured widths are interpolated, not averaged into a line: where the curve bends
+    (cheap wide batches), a straight line would over-price the widest drafts."""
+    c = Costs()
+    for n in (0, 1, 2, 4, 8, 16, 32, 64):
+        c.observe_verify(n, cpu_curve(n))
+    for n in (3, 12, 48):
+        lo, hi = cpu_curve(n), max(cpu_curve(m) for m in (0, 1, 2, 4, 8, 16, 32, 64) if m >= n)
+        assert cpu_curve(n) * 0.97 <= c.verify_cost(n) <= hi
+    assert c.verify_cost(64) == pytest.approx(cpu_curve(64))
+    assert c.verify_cost(100) >= c.verify_cost(64)  # extended monotonically past the widest width
+
+
+def test_verify_curve_is_monotone_under_noise():
+    c = Costs()
+    for n, v in [(0, 10e-3), (2, 14e-3), (4, 12e-3), (8, 18e-3), (16, 17e-3)]:
+        c.observe_verify(n, v)
+    curve = [c.verify_cost(n) for n in range(0, 40)]
+    assert all(b >= a for a, b in zip(curve, curve[1:]))
+
+
+def test_cached_widths_are_rescaled_by_what_this_run_measures():
+    """A profile saved on a busier machine: once this run measures some widths at half the
+    cached cost, the widths it has not measured yet are halved too (not left to make long
+    drafts look too dear to ever try)."""
+    cached = Costs()
+    for n in (0, 4, 16, 64):
+        cached.observe_verify(n, 2 * cpu_curve(n))
+    c = Costs.from_dict(cached.to_dict())
+    c.observe_verify(0, cpu_curve(0))
+    c.observe_verify(4, cpu_curve(4))
+    assert c.verify_cost(64) == pytest.approx(cpu_curve(64), rel=0.05)
+
+
+def flat_costs(v0=10e-3, per_row=0.1e-3, widths=(0, 1, 8, 32, 64)):
+    c = Costs()
+    for n in widths:
+        c.observe_verify(n, v0 + per_row * n)
+    return c
+
+
+def test_lookup_cut_long_when_sure_and_cheap():
+    ctl = LengthController(64, flat_costs())
+    assert ctl.cut([0.99] * 64) == 64
+
+
+def test_lookup_cut_none_when_verify_is_dear():
+    # every verified position costs a whole plain pass: no draft can pay
+    ctl = LengthController(64, flat_costs(per_row=10e-3))
+    assert ctl.cut([0.9] * 64) == 0
+
+
+def test_lookup_cut_short_when_unsure():
+    ctl = LengthController(64, flat_costs(per_row=1e-3))
+    sure, unsure = ctl.cut([0.99] * 64), ctl.cut([0.3] * 64)
+    assert unsure < 4 < sure
+
+
+def test_lookup_cut_follows_the_drafts_own_confidence():
+    """Confidence that falls along the draft (the match gets thin): the cut stops where it falls."""
+    ctl = LengthController(64, flat_costs(per_row=0.5e-3))
+    n = ctl.cut([0.98] * 20 + [0.05] * 44)
+    assert 15 <= n <= 21
+
+
+def test_calibration_corrects_a_boastful_drafter():
+    """Raw confidence 0.95, but the drafts are always wrong: within a few rounds the calibrated
+    estimate drops and the drafter stops being asked for long drafts."""
+    ctl = LengthController(64, flat_costs(per_row=0.3e-3))
+    conf = [0.95] * 64
+    first = ctl.cut(conf)
+    for _ in range(20):
+        n = ctl.cut(conf)
+        ctl.record(64, n, 0, 0.0, 10e-3 + 0.3e-3 * n, conf[:n])
+    assert first > 15 and ctl.cut(conf) <= 1
+
+
+def test_calibration_by_bins():
+    cal = Calibration()
+    for _ in range(200):
+        cal.update([0.62, 0.62, 0.97], 1)  # 0.62-scored tokens accepted once in two, 0.97 untested
+    lo, hi = cal.rates([0.62, 0.97])
+    assert lo == pytest.approx(0.5, abs=0.05) and hi == pytest.approx(0.97)
+
+
+def simulate(ctl, true_curve, accept_len, rounds, conf=None):
+    """Rounds of a lookup drafter on text where every draft is right for `accept_len` tokens;
+    the verify time of a round is true_curve(width), as if measured."""
+    conf = conf or [0.9] * 64
+    picks = []
+    for _ in range(rounds):
+        n = ctl.cut(conf)
+        k = min(n, accept_len)
+        ctl.record(64, n, k, 20e-6, true_curve(n), conf[:n])
+        picks.append(n)
+    return picks
+
+
+def test_first_run_calibration_converges():
+    """No profile: the prior shape drafts long at once; the rounds measure the real curve, and
+    within a few rounds the cut is the one the true costs would choose."""
+    def best_under_truth(accept_len):
+        rates = [(min(n, accept_len) + 1) / (cpu_curve(n) + 20e-6) for n in range(65)]
+        return max(range(65), key=rates.__getitem__)
+
+    ctl = LengthController(64, Costs())
+    picks = simulate(ctl, cpu_curve, 64, 30, conf=[0.99] * 64)
+    assert picks[0] >= 32  # not timid before anything is measured
+    assert picks[-1] == best_under_truth(64) == 64
+    # a text whose drafts are right for 6 tokens, verify dearer than the prior guessed
+    dear = lambda n: 10e-3 * (1 + 0.5 * n)  # noqa: E731
+    ctl = LengthController(64, Costs())
+    picks = simulate(ctl, dear, 6, 48, conf=[0.9] * 64)
+    # the true best is 6; one round in EXPLORE_EVERY looks further
+    assert sum(4 <= n <= 7 for n in picks[-16:]) >= 15, picks
+    assert ctl.costs.verify_cost(6) == pytest.approx(dear(6))
+
+
+def test_verify_curve_is_shared_across_drafters(tmp_path, monkeypatch):
+    """What ngram's runs measured seeds suffix's first run (the curve is the target's)."""
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    store = profiling.ProfileStore(model, "ngram", 2, 0)
+    for n in (0, 8, 32):
+        store.costs_for(0).observe_verify(n, cpu_curve(n))
+    store.save()
+    seeded = profiling.ProfileStore(model, "suffix", 2, 0).costs_for(0)
+    assert seeded.verify_cost(32) == pytest.approx(cpu_curve(32))
+    assert profiling.ProfileStore(model, "suffix", 4, 0).costs_for(0).verify_cost(32) is None
 
 
 def test_profile_cache_misses_when_the_model_file_changes(tmp_path, monkeypatch):

@@ -15,11 +15,26 @@ DEMO_PROMPT = (
 )
 
 
+def _draft_spec(ctx, param, values):
+    """--draft given once: that spec; twice, 'suffix' and a GGUF: the hybrid ('suffix+PATH')."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    others = [v for v in values if v != "suffix"]
+    if len(values) == 2 and len(others) == 1 and others[0] != "ngram":
+        return "suffix+" + others[0]
+    raise UserError(f"--draft given {len(values)} times ({', '.join(values)}): give one draft, or 'suffix' "
+                    "and one draft GGUF")
+
+
 def model_options(f):
     options = [
         click.argument("target", required=False),
-        click.option("--draft", "-d", help="A draft GGUF (same tokenizer as the target) or 'ngram' "
-                                            "(prompt lookup). Omit for plain decoding."),
+        click.option("--draft", "-d", multiple=True, callback=_draft_spec,
+                     help="A draft GGUF (same tokenizer as the target), 'ngram' (prompt lookup) or 'suffix' "
+                          "(lookup in the text and in earlier outputs); give 'suffix' and a GGUF (--draft "
+                          "suffix --draft D.gguf) to use each where it pays. Omit for plain decoding."),
         click.option("--draft-max", default="auto", show_default=True,
                      help="Tokens drafted per round: a number, or auto (chosen each round from costs "
                           "measured on this machine and the acceptance so far; 0 when drafting does not pay)."),

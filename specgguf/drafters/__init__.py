@@ -20,6 +20,7 @@ def top10_prob(logits, tok: int) -> float:
 
 
 KINDS = ("model", "ngram", "eagle3", "dflash", "dspark")
+LOOKUPS = ("ngram", "suffix")  # draft kinds that need no file
 
 
 def detect_kind(info) -> str:
@@ -33,17 +34,40 @@ def detect_kind(info) -> str:
 
 def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8, n_threads: int | None = None,
                  n_gpu_layers: int | None = None, p_min: float = 0.0, n_min: int = 0, **options) -> Drafter:
-    """Build a drafter for `target` from a CLI-style spec: 'ngram' or a path to a draft GGUF.
+    """Build a drafter for `target` from a CLI-style spec: 'ngram', 'suffix', a path to a draft
+    GGUF, or 'suffix+PATH' (the hybrid: suffix lookups and a draft model, `--draft suffix
+    --draft PATH` on the command line). options: max_shared_tokens (suffix: the bound on the
+    store of earlier outputs), ngram_min / ngram_max (ngram).
     `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
     from ..errors import UserError
     from ..ggufinfo import read_gguf
+
+    spec = os.fspath(spec)
+    if spec == "suffix":
+        if kind is not None:
+            raise UserError(f"--draft suffix needs no file, so no --draft-kind (got {kind})")
+        from .suffix import SuffixDrafter
+
+        return SuffixDrafter(**{k: v for k, v in options.items() if k == "max_shared_tokens"})
+    if spec.startswith("suffix+") and not os.path.exists(spec):
+        # the hybrid: a suffix lookup where it pays more than the model draft (drafters/hybrid.py)
+        from .hybrid import HybridDrafter
+        from .suffix import SuffixDrafter
+
+        model = make_drafter(spec[len("suffix+"):], target, kind, draft_max, n_threads, n_gpu_layers, p_min, n_min,
+                             **{k: v for k, v in options.items() if k != "max_shared_tokens"})
+        if model.lookup:
+            model.close()
+            raise UserError(f"--draft {spec}: pair 'suffix' with a draft GGUF, not with {model.kind!r}")
+        return HybridDrafter(SuffixDrafter(**{k: v for k, v in options.items() if k == "max_shared_tokens"}), model)
 
     if spec == "ngram" or kind == "ngram":
         from .ngram import NgramDrafter
 
         return NgramDrafter(ngram_min=options.get("ngram_min", 2), ngram_max=options.get("ngram_max", 4))
     if not (spec.endswith(".gguf") or os.path.exists(spec)):
-        raise UserError(f"unknown --draft {spec!r}: give a draft GGUF file (path ending in .gguf) or 'ngram'")
+        raise UserError(f"unknown --draft {spec!r}: give a draft GGUF file (path ending in .gguf), 'ngram', "
+                        "'suffix', or both 'suffix' and a draft GGUF")
     if kind is not None and kind not in KINDS:
         raise UserError(f"unknown --draft-kind {kind!r}: use one of {', '.join(KINDS)}")
     info = read_gguf(spec, "draft")

@@ -14,15 +14,29 @@ Per generation and per round the engine calls (docs/loop.md):
 `history` holds the tokens already in the target's KV cache (prompt and output so far);
 `id_last` is the newest token, not yet in the cache, at position `pos0`.
 
-Sampling (`verify.py`'s `ratio` rule needs the distribution each token was drafted from): a
-kind with `samples = True` takes the engine's `sampling.Sampler` in `draft(..., sampler=)`,
-picks each token with `tok, q = sampler.propose(logits, sampler.window(history, id_last) +
-drafted_so_far)` and leaves one q per returned token in `last_q` (None for a point mass; the
-attribute None when every token was picked deterministically). A kind with `samples = False`
-drafts as it always does and `ratio` treats its tokens as point masses: still exact, only
-less accepted. Never stop or discard a draft because of a token you drew: decide on the
+Sampling (`coupled` draws draft tokens with the target's keyed noise; `ratio` needs the
+distribution each token was drafted from): a kind with `samples = True` takes the engine's
+`sampling.Sampler` in `draft(..., sampler=)`, picks the token for absolute position
+pos0 + 1 + j with `tok, q = sampler.propose(logits, sampler.window(history, id_last) +
+drafted_so_far, pos0 + 1 + j)` and leaves one q per returned token in `last_q` (None for a
+point mass or where the rule needs no q; the attribute None when no token has a q). A kind
+with `samples = False` drafts as it always does and the rules treat its tokens as point
+masses: still exact, only less accepted. Never stop or discard a draft because of a token you drew: decide on the
 draft's own top candidate first (see ModelDrafter's p_min), or the q you report is not the
 one the tokens came from.
+Confidence (`--draft-max auto`, tuning.py): a kind that knows how sure it is sets
+`last_confidence` in `draft()`: one number in [0, 1] per returned token, its own estimate
+that the token is accepted once all before it were (a lookup drafter: from how long the
+match is and how often its continuation followed it; a model draft: its probabilities). The
+engine treats these as raw scores: it calibrates them against what verification accepts
+(tuning.Calibration) and keeps the prefix of the draft with the best expected tokens per
+second. None: no estimate; acceptance measured per position on this text is used instead.
+
+`lookup = True` (ngram, suffix): a draft costs next to nothing whatever its length, so in
+auto mode the engine asks for `max_length` tokens every round and cuts the draft to the
+length that pays, instead of choosing the length before drafting. `chooser` is the engine's
+`tuning.LengthController` in auto mode (None with a fixed --draft-max): a drafter that picks
+between sources (drafters/hybrid.py) asks it what each source's draft is worth.
 """
 
 from __future__ import annotations
@@ -45,6 +59,12 @@ class Drafter:
     supports_lazy: bool = False
     lazy: bool = False
     last_q: list | None = None
+    # per returned token, the drafter's own estimate that it is accepted (see the module doc)
+    last_confidence: list | None = None
+    # drafting is a lookup: free whatever the length (auto asks for max_length, then cuts)
+    lookup: bool = False
+    # the engine's LengthController in auto mode, else None (set by the engine)
+    chooser = None
 
     @property
     def profile_id(self) -> str:
