@@ -120,6 +120,24 @@ def test_draft_logits_match_deepspec_forward(tmp_path, g4_target, g4_target_ctx,
             assert np.abs(conf - ref_conf).max() < 1e-4
 
 
+@pytest.mark.parametrize("out_type", ["f16", "q8_0"])
+def test_quantized_drafts_keep_the_argmax(tmp_path, g4_target, g4_target_ctx, out_type):
+    ck = F.make_gemma4_dspark_checkpoint(tmp_path / "ck", g4_target, target_layer_ids=(0, 2, 4))
+    cfg = json.loads((ck / "config.json").read_text())
+    out = convert(str(ck), g4_target, tmp_path / "d.gguf", out_type, "shared")
+    w = checkpoint_weights(ck)
+    rng = np.random.default_rng(8)
+    agree = total = 0
+    for _ in range(5):
+        feats = rng.normal(0, 1, (P, 3 * WIDE.n_embd)).astype(np.float32)
+        anchor = int(rng.integers(5 + 256, cfg["vocab_size"]))
+        ref, _ = R.dspark_block(w, cfg, feats, anchor)
+        got, _ = draft_block(out.path, g4_target_ctx, feats, anchor, MASK_ID, cfg["block_size"], True)
+        assert np.abs(got - ref).max() / np.abs(ref).max() < 3e-2
+        agree, total = agree + int((got.argmax(1) == ref.argmax(1)).sum()), total + len(ref)
+    assert agree / total >= 0.9, f"{out_type}: argmax agreement {agree}/{total}"
+
+
 def test_embedding_scale_is_deepspecs_bf16_sqrt_h(tmp_path, g4_target, g4_target_ctx):
     """DeepSpec multiplies by sqrt(H) cast to the weights' dtype: a BF16 checkpoint means
     bf16(sqrt(96)) = 9.8125. The converted file carries that value, and llama.cpp's logits sit
@@ -236,3 +254,37 @@ def test_gemma4_draft_mask_missing_from_target_vocabulary(tmp_path, g4_counting)
 
 def test_gemma4_draft_beside_qwen3_target_at_run_time(g4_drafts, qwen3):
     one_line_refusal(run_cli("generate", qwen3, "-p", "hi", "-n", "4", "--draft", g4_drafts["dspark"]))
+def test_gemma4_target_without_sliding_layers_is_refused(tmp_path):
+    """llama.cpp asserts (aborts the process) when a gemma4 file marks no layer as sliding."""
+    bad = write_gemma4(tmp_path / "nosw.gguf", Gemma4Shape(swa_pattern=(False,) * 6), seed=0)
+    one_line_refusal(run_cli("generate", bad, "-p", "hi", "-n", "4"), "sliding")
+
+
+# -- what runs where -----------------------------------------------------------------------------
+
+def test_inspect_says_build_and_target_archs(g4_drafts, g4_counting, tmp_path):
+    proc = run_cli("inspect", g4_drafts["dspark"], "--target", g4_counting)
+    assert proc.returncode == 0, proc.stderr
+    assert "runs on:      the stock build, beside a gemma4 target" in proc.stdout
+    assert "pairing:      fits target" in proc.stdout
+    # a DeepSpec Eagle3 (5 layers, q/k norms) needs the patched build
+    from specgguf.synthetic import write_eagle3
+
+    e3 = write_eagle3(tmp_path / "e3.gguf", layers=(0, 1, 2, 3, 4), qk_norm=True)
+    proc = run_cli("inspect", e3)
+    assert proc.returncode == 0 and "runs on:      the patched build only" in proc.stdout, proc.stdout
+
+
+def test_models_lists_build_and_target_arch_of_all_twelve():
+    from specgguf.converters import registry
+
+    entries = registry.entries()
+    assert len(entries) == 12
+    table = {e["repo"].split("/")[1]: (e["build"], e["target_archs"]) for e in entries}
+    assert table["dspark_gemma4_12b_block7"] == table["dflash_gemma4_12b_block7"] == ("stock", ["gemma4"])
+    assert table["eagle3_qwen3_8b_ttt7"] == ("patched", ["qwen3"])
+    assert table["eagle3_gemma4_12b_ttt7"] == ("none", ["gemma4"])
+    proc = run_cli("models")
+    assert proc.returncode == 0
+    assert proc.stdout.count("runs on the stock build with a gemma4 target") == 2
+    assert proc.stdout.count("runs only on the patched build") == 3 and "runs nowhere yet" in proc.stdout
