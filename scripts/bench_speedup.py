@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Benchmark: plain decoding vs `ngram` and `model` drafting on the embedded Gemma 3 270M.
+"""Benchmark: plain decoding vs `ngram`, `suffix`, `model` and hybrid (suffix + model)
+drafting on the embedded Gemma 3 270M.
 
 Two prompt sets: input-grounded (copy, rewrite or continue a given passage or code, where
 the output repeats the input) and open-ended chat. Every configuration runs on the same
 loaded target, side by side, greedy; the speedup is tokens/s over plain decoding of the same
-prompts. Prints a table and writes JSON (default bench/speedup.json).
+prompts. Prints a table and writes JSON (default bench/speedup.json). The suffix and hybrid
+drafters keep their store of earlier outputs across the runs, as in an app that embeds one
+SpecGGUF. For the side-by-side with llama.cpp and llama-cpp-python, see bench_side_by_side.py.
 
     python scripts/bench_speedup.py [--max-tokens 128] [--draft-max 2,4,8] [--out FILE]
     python scripts/bench_speedup.py --sampling [--skip-greedy] [--sampling-draft-max 4]
@@ -132,7 +135,9 @@ def main() -> int:
     draft_path = requantized_default("q3_k_s")
     llm = SpecGGUF(None, n_ctx=2048, n_threads=args.threads)
     drafters = {"ngram": make_drafter("ngram", llm.target),
-                "model": make_drafter(str(draft_path), llm.target, n_threads=args.threads)}
+                "suffix": make_drafter("suffix", llm.target),
+                "model": make_drafter(str(draft_path), llm.target, n_threads=args.threads),
+                "hybrid": make_drafter(f"suffix+{draft_path}", llm.target, n_threads=args.threads)}
     rows, sampled = [], []
     try:
         run(llm, Engine(llm.target, None), ["Warm-up."], 8)  # first decode pays one-off costs

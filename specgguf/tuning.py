@@ -33,7 +33,7 @@ import numpy as np
 # Prior verify cost of each position beyond the first, as a fraction of a plain pass, while
 # nothing is measured: optimistic on purpose (a too-cheap guess is corrected by the round
 # that tries it; a too-dear one would never be tried).
-PRIOR_ROW = 0.04
+PRIOR_ROW = 0.1
 EXPLORE_EVERY = 16  # lookup rounds between looks at a longer width than the best guess
 
 
@@ -78,7 +78,8 @@ class Costs:
     seen: dict = field(default_factory=dict)  # n -> rounds measured by this process
 
     def __post_init__(self):
-        self._curve = None  # (V array, fitted knots) cache, rebuilt after observations
+        self._curve = None  # the V array, rebuilt after observations
+        self._curve_list = None
         self._since_fit = 0
 
     def observe_verify(self, n: int, seconds: float) -> None:
@@ -154,6 +155,14 @@ class Costs:
         self._curve, self._since_fit = v, 0
         return v
 
+    def curve_list(self, n_max: int) -> list[float]:
+        """`curve` as a Python list (cheaper to walk than an array for a few dozen widths)."""
+        v = self.curve(n_max)
+        cached = self._curve_list
+        if cached is None or cached[0] is not v:
+            cached = self._curve_list = (v, v.tolist())
+        return cached[1]
+
     def verify_cost(self, n: int) -> float | None:
         """V(n) from the fitted curve; None while nothing at all is measured."""
         if not self.verify:
@@ -209,31 +218,43 @@ class Acceptance:
 class Calibration:
     """A drafter's raw confidence -> the acceptance verification actually shows, by bins of
     the raw value: decayed counts around the raw value itself (a pseudo-count), so an honest
-    drafter is trusted from the start and a boastful one is corrected within a few rounds."""
+    drafter is trusted from the start and a boastful one is corrected within a few rounds.
+    Plain Python on purpose: it runs every round on a few dozen numbers."""
 
     def __init__(self, bins: int = 20, weight: float = 3.0, decay: float = 0.995):
         self.bins, self.weight, self.decay = bins, weight, decay
-        self.tried = np.zeros(bins)
-        self.accepted = np.zeros(bins)
+        self.tried = [0.0] * bins
+        self.accepted = [0.0] * bins
 
-    def _bin(self, raw: np.ndarray) -> np.ndarray:
-        return np.minimum((raw * self.bins).astype(np.intp), self.bins - 1)
+    def _bin(self, raw: float) -> int:
+        return min(max(int(raw * self.bins), 0), self.bins - 1)
 
-    def rates(self, raw) -> np.ndarray:
-        raw = np.clip(np.asarray(raw, dtype=np.float64), 0.0, 1.0)
-        b = self._bin(raw)
-        return (self.accepted[b] + self.weight * raw) / (self.tried[b] + self.weight)
+    def rates(self, raw) -> list[float]:
+        tried, accepted, w, top = self.tried, self.accepted, self.weight, self.bins - 1
+        scale = float(self.bins)
+        out = []
+        for r in raw:
+            if r < 0.0:
+                r = 0.0
+            b = int(r * scale)
+            if b > top:
+                b, r = top, (1.0 if r > 1.0 else r)
+            out.append((accepted[b] + w * r) / (tried[b] + w))
+        return out
 
     def update(self, raw, n_accepted: int) -> None:
         """Tokens 1..k were accepted, k+1 rejected, the rest never tested."""
         tested = min(n_accepted + 1, len(raw))
         if tested <= 0:
             return
-        b = self._bin(np.clip(np.asarray(raw[:tested], dtype=np.float64), 0.0, 1.0))
-        self.tried *= self.decay
-        self.accepted *= self.decay
-        self.tried += np.bincount(b, minlength=self.bins)
-        self.accepted += np.bincount(b[:n_accepted], minlength=self.bins)
+        d = self.decay
+        self.tried = tried = [t * d for t in self.tried]
+        self.accepted = accepted = [a * d for a in self.accepted]
+        for i in range(tested):
+            b = self._bin(raw[i])
+            tried[b] += 1.0
+            if i < n_accepted:
+                accepted[b] += 1.0
 
 
 def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
@@ -241,15 +262,20 @@ def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
     """(n, expected tokens per second) for the best n in 0..n_avail, given acceptance `accept`
     (one conditional rate per position) and `overhead` seconds every round pays anyway.
     draft_cost: D(n) for n = 0..n_avail (None: free). Ties go to the shorter draft."""
-    v = costs.curve(n_avail)[:n_avail + 1]
-    e = np.ones(n_avail + 1)
-    if n_avail:
-        e[1:] += np.cumsum(np.cumprod(np.asarray(accept[:n_avail], dtype=np.float64)))
-    cost = v + overhead if draft_cost is None else v + overhead + draft_cost
-    rate = e / np.maximum(cost, 1e-12)
-    best = float(rate.max())
-    n = int(np.argmax(rate >= best * (1 - 1e-4)))
-    return n, float(rate[n])
+    v = costs.curve_list(n_avail)
+    if draft_cost is not None:
+        v = [a + b for a, b in zip(v, draft_cost)]
+    best_n, best_rate = 0, 1.0 / (v[0] + overhead + 1e-12)
+    e, run = 1.0, 1.0
+    for n in range(1, n_avail + 1):
+        run *= accept[n - 1]
+        if run < 1e-4:  # nothing further can pay: E(n) stops growing while V(n) does not fall
+            break
+        e += run
+        rate = e / (v[n] + overhead + 1e-12)
+        if rate > best_rate * 1.0001:
+            best_n, best_rate = n, rate
+    return best_n, best_rate
 
 
 def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
@@ -258,7 +284,7 @@ def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
         return min(n_max, 2)  # nothing measured yet: a short draft measures both sides
     if 0 not in costs.fresh:
         return 0  # then one plain round: the baseline every other length is compared with
-    draft = np.array([costs.draft_cost(n) for n in range(n_max + 1)])
+    draft = [costs.draft_cost(n) for n in range(n_max + 1)]
     return best_prefix(costs, accept, n_max, draft_cost=draft)[0]
 
 
@@ -287,26 +313,33 @@ class LengthController:
         return best_prefix(self.costs, rates, len(confidence), self.costs.lookup or 0.0)
 
     def cut(self, confidence) -> int:
-        """How many tokens of a lookup draft (scored by `confidence`) to verify. Once, early,
-        none: a plain round measures V(0), the baseline, if the text has not offered one."""
+        """How many tokens of a lookup draft (scored by `confidence`) to verify. None in the
+        first round of a process: a plain round measures V(0), the baseline every width is
+        compared with (it costs one token's time)."""
         self._lookups += 1
-        if self._lookups == 4 and 0 not in self.costs.fresh:
+        if 0 not in self.costs.fresh and (self._lookups == 1 or not self.costs.fresh):
+            return 0
+        if not confidence:
             return 0
         n = self.value(confidence)[0]
         if self._lookups % EXPLORE_EVERY == 0 and n < len(confidence):
             # now and then a longer prefix than the best guess, where the draft is still
             # likely right: one unlucky measurement must not rule a width out for good
             m = min(len(confidence), 2 * n + 2)
-            likely = np.cumprod(self.calibration.rates(confidence[:m]))
-            m = int(np.count_nonzero(likely >= 0.5))
-            n = max(n, m)
+            run, reach = 1.0, 0
+            for a in self.calibration.rates(confidence[:m]):
+                run *= a
+                if run < 0.5:
+                    break
+                reach += 1
+            n = max(n, reach)
         return n
 
     # -- sequential drafters: choose before drafting --------------------------------------
     def plan(self, n_max: int | None = None) -> tuple[int, float]:
         """(n, tokens per second) of the best length for a sequential draft of at most n_max."""
         n_max = self.n_max if n_max is None else min(n_max, self.n_max)
-        draft = np.array([self.costs.draft_cost(n) for n in range(n_max + 1)])
+        draft = [self.costs.draft_cost(n) for n in range(n_max + 1)]
         return best_prefix(self.costs, self.acceptance.rates(), n_max, draft_cost=draft)
 
     def plan_rate(self, n: int) -> float:

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Benchmark: specgguf's model-free drafts side by side with their peers, one machine, one run.
+
+Rows (greedy, the same libllama for everyone: LLAMA_CPP_LIB_PATH points at the C++ tool's
+folder before llama_cpp is imported, as in bench_vs_cpp.py):
+  cpp ngram-simple / ngram-mod     llama-speculative-simple --spec-type ..., its defaults
+  cpp ... m=M                      the same at its best --spec-ngram-size-m (a sweep first)
+  llama-cpp-python lookup          Llama(draft_model=LlamaPromptLookupDecoding()), its defaults
+  specgguf plain / ngram / suffix  --draft-max auto, warm cost profile (`ngram` is the README's
+                                   demo command, the default a user is shown)
+  specgguf ngram first run         the same with an empty profile cache (a new user's first run)
+Every run of a specgguf row opens a new SpecGGUF (no suffix store carried from the run
+before; the agentic loop below is where it is meant to carry).
+
+Single prompts: copy a list (the README demo), copy a function, edit a function, reformat a
+JSON document, open-ended prose. Rows run interleaved, --repeat times, and the fastest run of
+each counts (the machine is shared). Decode tokens/s, prompt excluded, for everyone:
+C++ prints its decode time; llama-cpp-python is timed from its first streamed token; specgguf
+reports its own. py us/round: specgguf's time per round outside llama_process (the Python
+loop's own cost), beside the C++ tool's whole round (ms).
+
+Agentic loop: --turns requests through one SpecGGUF (the Python API, as an app embeds it),
+each a fresh prompt that hands the model its previous answer and asks for a revision: the
+suffix store carries what the earlier turns wrote. Reported: tokens/s over all turns.
+
+    python scripts/bench_side_by_side.py [--max-tokens 128] [--repeat 3] [--turns 6]
+                                         [--threads N] [--out bench/side_by_side.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import cpp_baseline  # noqa: E402  (the tool's location, shared with the tests)
+
+if cpp_baseline.find_tool() is None:
+    sys.exit(f"error: {cpp_baseline.TOOL} is not built; run scripts/build_llama_cpp_tools.sh first")
+os.environ["LLAMA_CPP_LIB_PATH"] = str(cpp_baseline.lib_dir())  # before llama_cpp is imported
+
+from specgguf import native  # noqa: E402
+from specgguf.api import SpecGGUF  # noqa: E402
+from specgguf.cli.options import DEMO_PROMPT  # noqa: E402
+from specgguf.defaults import default_target  # noqa: E402
+
+FUNCTION = '''def moving_average(values, window):
+    """Return the moving averages of `values` over `window` items."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    out = []
+    total = 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            out.append(total / window)
+    return out
+'''
+RECORDS = [{"id": i, "name": n, "role": r, "active": a, "tags": t} for i, (n, r, a, t) in enumerate([
+    ("Ada", "engineer", True, ["compilers", "math"]), ("Grace", "admiral", True, ["cobol"]),
+    ("Linus", "maintainer", False, ["kernel", "git"]), ("Barbara", "professor", True, ["clu", "types"]),
+    ("Ken", "researcher", False, ["unix", "go"])], start=1)]
+PROMPTS = {
+    "readme-demo": DEMO_PROMPT,
+    "copy-function": f"Copy this Python function exactly.\n\n{FUNCTION}\nCopy:\n",
+    "edit-function": (f"Rename the variable `total` to `running` in this function and print the whole "
+                      f"function.\n\n{FUNCTION}\nAnswer:\n"),
+    "json-reformat": ("Reformat this JSON with an indent of 2 spaces, keys in the same order.\n\n"
+                      f"{json.dumps(RECORDS)}\n\nReformatted:\n"),
+    "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n",
+}
+COPY_PROMPTS = ("readme-demo", "copy-function", "edit-function", "json-reformat")
+TASKS = ["Add a docstring line about the return value.", "Rename `window` to `size`.",
+         "Add a type hint to every argument.", "Make it raise TypeError for non-list values.",
+         "Add a comment above the loop.", "Rename the function to `rolling_mean`.",
+         "Return a tuple instead of a list.", "Add an example to the docstring."]
+
+
+# -- peers ---------------------------------------------------------------------------------
+
+def cpp_run(target, prompt, spec_type, size_m, max_tokens, threads, n_ctx=4096) -> dict:
+    """One greedy run of llama-speculative-simple with a model-free --spec-type at its defaults
+    (size_m None) or at --spec-ngram-size-m size_m."""
+    exe = cpp_baseline.find_tool()
+    with tempfile.TemporaryDirectory() as d:
+        pfile = cpp_baseline.write_prompt_file(Path(d) / "prompt.txt", prompt)
+        args = [str(exe), "-m", str(target), "-f", str(pfile), "-n", str(max_tokens), "-c", str(n_ctx),
+                "-fit", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
+                "-t", str(threads), "-tb", str(threads), "--spec-type", spec_type]
+        if size_m is not None:
+            args += ["--spec-ngram-size-m", str(size_m)]
+        proc = subprocess.run(args, capture_output=True, timeout=600)
+    err = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: {err[-2000:]}")
+    run = cpp_baseline.parse(proc.stdout.decode("utf-8", "replace"), err, max_tokens, args)
+    rounds = run.n_predict - run.n_accept  # every round commits its accepted drafts plus one token
+    return {"tok_s": run.tokens_per_second, "tokens": run.n_predict, "rounds": rounds,
+            "accepted": run.n_accept, "drafted": run.n_drafted,
+            "round_ms": 1e3 * run.decode_s / max(rounds, 1)}
+
+
+class LcpLookup:
+    """llama-cpp-python's own prompt lookup (LlamaPromptLookupDecoding, its defaults)."""
+
+    def __init__(self, target, threads, n_ctx=4096):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.llm = Llama(model_path=str(target), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         draft_model=LlamaPromptLookupDecoding(), verbose=False, logits_all=False)
+
+    def run(self, prompt, max_tokens) -> dict:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        first = None
+        n = 0
+        for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1,
+                                                stream=True):
+            n += 1
+            first = first or time.perf_counter()
+        end = time.perf_counter()
+        toks = self.llm.n_tokens - len(self.llm.tokenize(prompt.encode()))
+        tok_s = (toks - 1) / (end - first) if first and end > first and toks > 1 else 0.0
+        return {"tok_s": tok_s, "tokens": toks, "wall_s": end - t0}
+
+
+# -- specgguf --------------------------------------------------------------------------------
+
+class DecodeTimer:
+    """Wall time inside llama_process on every context (the rest of a round is Python)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._orig = native.Context.decode
+
+    def __enter__(self):
+        orig, timer, clock = self._orig, self, time.perf_counter
+
+        def timed(ctx, batch):
+            t0 = clock()
+            try:
+                return orig(ctx, batch)
+            finally:
+                timer.seconds += clock() - t0
+
+        native.Context.decode = timed
+        return self
+
+    def __exit__(self, *exc):
+        native.Context.decode = self._orig
+
+
+def spec_run(target, draft, prompt, max_tokens, threads, cache_dir) -> dict:
+    os.environ["SPECGGUF_CACHE"] = str(cache_dir)
+    with SpecGGUF(target, draft=draft, n_ctx=4096, n_threads=threads) as llm:
+        toks = llm.tokenize(prompt)
+        with DecodeTimer() as timer:
+            gen, text = llm.stream_tokens(toks, max_tokens)
+            for _ in text:
+                pass
+        s = gen.stats
+        in_llama = timer.seconds - s.prefill_s  # the prefill's decodes are not rounds
+    return {"tok_s": s.generated_tokens / s.decode_s if s.decode_s else 0.0, "tokens": s.generated_tokens,
+            "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "py_us_round": 1e6 * max(s.decode_s - in_llama, 0.0) / max(s.rounds, 1),
+            "mean_draft": s.drafted / max(s.rounds, 1)}
+
+
+def agentic(target, draft, turns, max_tokens, threads, cache_dir) -> dict:
+    """`turns` requests through one SpecGGUF: each hands the model its previous answer (a tool
+    output it re-reads) and asks for one revision, printed whole."""
+    os.environ["SPECGGUF_CACHE"] = str(cache_dir)
+    system = ("You are a careful coding agent. You receive the current file from the editor tool and "
+              "one change request. Reply with the complete updated file and nothing else.\n\n")
+    current, tokens, seconds = FUNCTION, 0, 0.0
+    with SpecGGUF(target, draft=draft, n_ctx=4096, n_threads=threads) as llm:
+        for t in range(turns):
+            prompt = (f"{system}Tool output (editor.read moving_average.py):\n{current}\n"
+                      f"Change request: {TASKS[t % len(TASKS)]}\n\nUpdated file:\n")
+            r = llm.generate(prompt, max_tokens=max_tokens)
+            tokens, seconds = tokens + r.stats.generated_tokens, seconds + r.stats.decode_s
+            current = r.text.strip() + "\n" if r.text.strip() else current
+    return {"tok_s": tokens / seconds if seconds else 0.0, "tokens": tokens}
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+
+def best(runs: list[dict]) -> dict:
+    return max(runs, key=lambda r: r["tok_s"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=native.default_threads())
+    ap.add_argument("--sizes", default="8,16,24,32,48,64", help="--spec-ngram-size-m values swept for the C++ rows")
+    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "side_by_side.json"))
+    a = ap.parse_args()
+    if a.max_tokens < 1 or a.repeat < 1 or a.turns < 5:
+        sys.exit("error: --max-tokens and --repeat must be >= 1, --turns >= 5")
+    prompts = [p for p in a.prompts.split(",") if p]
+    unknown = [p for p in prompts if p not in PROMPTS]
+    if unknown:
+        sys.exit(f"error: unknown prompt(s) {', '.join(unknown)}; choose from {', '.join(PROMPTS)}")
+    target = default_target()
+    work = Path(tempfile.mkdtemp(prefix="specgguf-bench-"))
+    warm_cache = work / "warm"
+    load = os.getloadavg()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"{a.threads} threads; Gemma 3 270M Q4_K_M; {a.max_tokens} tokens, greedy, best of {a.repeat}")
+
+    # the C++ best --spec-ngram-size-m: swept once over the copy prompts (sum of tokens/s)
+    best_m = {}
+    for spec_type in ("ngram-simple", "ngram-mod"):
+        score = {}
+        for m in [int(x) for x in a.sizes.split(",")]:
+            try:
+                score[m] = sum(cpp_run(target, PROMPTS[p], spec_type, m, a.max_tokens, a.threads)["tok_s"]
+                               for p in prompts if p in COPY_PROMPTS)
+            except RuntimeError as exc:
+                print(f"  {spec_type} m={m}: {str(exc).splitlines()[-1]}")
+        best_m[spec_type] = max(score, key=score.get) if score else None
+        print(f"  {spec_type}: best --spec-ngram-size-m {best_m[spec_type]} "
+              f"({', '.join(f'{m}: {v:.0f}' for m, v in score.items())})")
+
+    # warm the specgguf profiles (a user's second run), outside the measured runs
+    for draft in ("ngram", "suffix"):
+        spec_run(target, draft, PROMPTS[prompts[0]], a.max_tokens, a.threads, warm_cache)
+
+    lcp = LcpLookup(target, a.threads)
+    rows = {"cpp ngram-simple": lambda p: cpp_run(target, p, "ngram-simple", None, a.max_tokens, a.threads),
+            "cpp ngram-mod": lambda p: cpp_run(target, p, "ngram-mod", None, a.max_tokens, a.threads)}
+    for spec_type, m in best_m.items():
+        if m is not None:
+            rows[f"cpp {spec_type} m={m}"] = (lambda st, mm: lambda p: cpp_run(target, p, st, mm, a.max_tokens,
+                                                                                 a.threads))(spec_type, m)
+    rows["llama-cpp-python lookup"] = lambda p: lcp.run(p, a.max_tokens)
+    rows["specgguf plain"] = lambda p: spec_run(target, None, p, a.max_tokens, a.threads, warm_cache)
+    rows["specgguf ngram (default)"] = lambda p: spec_run(target, "ngram", p, a.max_tokens, a.threads, warm_cache)
+    rows["specgguf suffix"] = lambda p: spec_run(target, "suffix", p, a.max_tokens, a.threads, warm_cache)
+    first_runs = iter(range(10 ** 6))
+    rows["specgguf ngram first run"] = lambda p: spec_run(target, "ngram", p, a.max_tokens, a.threads,
+                                                          work / f"empty-{next(first_runs)}")
+    results: dict = {name: {p: [] for p in prompts} for name in rows}
+    for rep in range(a.repeat):
+        for p in prompts:
+            for name, fn in rows.items():
+                results[name][p].append(fn(PROMPTS[p]))
+        print(f"  repeat {rep + 1}/{a.repeat} done")
+    agent = {d or "plain": [] for d in (None, "ngram", "suffix")}
+    for rep in range(a.repeat):
+        for d in (None, "ngram", "suffix"):
+            agent[d or "plain"].append(agentic(target, d, a.turns, a.max_tokens * 2, a.threads, warm_cache))
+
+    table = {name: {p: best(runs) for p, runs in by_p.items()} for name, by_p in results.items()}
+    head = f"{'row':<28}" + "".join(f"{p:>15}" for p in prompts)
+    print("\ntokens/s (best of %d); [mean draft, py us/round | C++ ms/round]" % a.repeat)
+    print(head)
+    for name, by_p in table.items():
+        cells = []
+        for p in prompts:
+            r = by_p[p]
+            extra = (f"{r['mean_draft']:.0f},{r['py_us_round']:.0f}" if "py_us_round" in r
+                     else f"{r['round_ms']:.0f}ms" if "round_ms" in r else "")
+            cells.append(f"{r['tok_s']:7.1f} {extra:>7}")
+        print(f"{name:<28}" + "".join(f"{c:>15}" for c in cells))
+    agent_best = {k: best(v) for k, v in agent.items()}
+    print(f"\nagentic loop, {a.turns} turns through the Python API (tokens/s over all turns, best of {a.repeat}):")
+    for k, r in agent_best.items():
+        print(f"  {k:<8} {r['tok_s']:7.1f}  ({r['tokens']} tokens)")
+
+    ratios = {}
+    plain = table["specgguf plain"]
+    default = table["specgguf ngram (default)"]
+    cpp_rows = [n for n in table if n.startswith("cpp ")]
+    for p in prompts:
+        best_cpp = max(table[n][p]["tok_s"] for n in cpp_rows)
+        ratios[p] = {"default/plain": default[p]["tok_s"] / plain[p]["tok_s"],
+                     "suffix/plain": table["specgguf suffix"][p]["tok_s"] / plain[p]["tok_s"],
+                     "default/best_cpp": default[p]["tok_s"] / best_cpp,
+                     "suffix/best_cpp": table["specgguf suffix"][p]["tok_s"] / best_cpp,
+                     "first/warm": table["specgguf ngram first run"][p]["tok_s"] / default[p]["tok_s"]}
+    ratios["agentic"] = {"suffix/ngram": agent_best["suffix"]["tok_s"] / agent_best["ngram"]["tok_s"],
+                         "suffix/plain": agent_best["suffix"]["tok_s"] / agent_best["plain"]["tok_s"]}
+    print("\nratios:")
+    for p, r in ratios.items():
+        print(f"  {p:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items()))
+    load_end = os.getloadavg()
+    print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
+                    "load_start": load, "load_end": load_end},
+        "model": "Gemma 3 270M Q4_K_M (embedded default)", "max_tokens": a.max_tokens, "repeat": a.repeat,
+        "best_size_m": best_m, "runs": results, "best": table, "agentic": agent, "ratios": ratios,
+    }, indent=1))
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
