@@ -30,17 +30,19 @@ class ChatFormat:
         name, turn, gen, stop = _TRANSCRIPT
         return cls(name, True, None, turn, gen, bos, eos, stop=(stop,))
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI's list) reach a template that renders them (tools.py
+        rewrites the messages for one that does not)."""
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError("each message needs a 'role' and a 'content'")
         if self.template is not None:
-            return _render_jinja(self.template, messages, self.bos_text, self.eos_text)
+            return _render_jinja(self.template, messages, self.bos_text, self.eos_text, tools)
         text = "".join(self.turn.format(Role=m["role"].capitalize(), content=m["content"]) for m in messages)
         return self.bos_text + text + self.generation_prompt
 
 
-def _render_jinja(template: str, messages, bos: str, eos: str) -> str:
+def _render_jinja(template: str, messages, bos: str, eos: str, tools=None) -> str:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -48,4 +50,5 @@ def _render_jinja(template: str, messages, bos: str, eos: str) -> str:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                            bos_token=bos, eos_token=eos, raise_exception=raise_exception)
+                                            bos_token=bos, eos_token=eos, raise_exception=raise_exception,
+                                            **({"tools": tools} if tools else {}))

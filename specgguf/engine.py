@@ -81,7 +81,8 @@ class Engine:
                 drafter.chooser = None
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
-                 sampling: SamplingParams | None = None, cancelled=None) -> "Generation":
+                 sampling: SamplingParams | None = None, cancelled=None, grammar: str | None = None) -> "Generation":
+        """grammar: GBNF text the output must follow (constraints.py), or None."""
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
             raise UserError("the prompt is empty: give some text with --prompt")
@@ -92,7 +93,7 @@ class Engine:
             raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
-        return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled)
+        return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar)
 
 
 class Generation:
@@ -108,8 +109,9 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None,
-                 cancelled=None):
+                 cancelled=None, grammar: str | None = None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
+        self.grammar, self.constraint = grammar, None  # the constraint is built when the run starts
         self.cancelled = cancelled or (lambda: False)
         # None: plain greedy, the hot path that touches no probability vector at all
         plain = sampling is None or (sampling.greedy and not sampling.penalized)
@@ -171,25 +173,47 @@ class Generation:
             qs = qs[:len(draft)]
         return draft, qs
 
+    def _constrain(self, draft: list[int], qs):
+        """Drop drafts from the first one the grammar forbids: they could never be accepted."""
+        kept = self.constraint.cut(draft)
+        return kept, (qs[:len(kept)] if qs is not None else None)
+
     def _verify(self, history, id_last: int, draft: list[int], qs) -> list[int]:
-        """Sampled (or penalised greedy) acceptance over the target's logits of this round."""
+        """Sampled, penalised or grammar-constrained acceptance over the target's logits of this
+        round; with a grammar, position i is masked by its state after d_1..d_i (constraints.py)."""
         sampler, ctx, is_eog = self.sampler, self.engine.target.ctx, self.engine.target.model.is_eog
+        walk = None if self.constraint is None else self.constraint.walk(draft)
         # position i sees the text up to d_i: the window the penalties count over
-        recent = sampler.window(history, id_last)
-        rule = sampler.params.rule
-        if rule == "greedy":
+        recent = sampler.window(history, id_last) if sampler is not None else []
+        rule = sampler.params.rule if sampler is not None else "greedy"
+        if rule == "greedy" and walk is None:
             return accept_greedy(lambda i: sampler.argmax(ctx.logits(i), recent + draft[:i]), draft, is_eog)
-        p_at = lambda i: sampler.probs(ctx.logits(i), recent + draft[:i])  # noqa: E731
-        if rule == "exact":
-            return accept_exact(p_at, draft, sampler.rng, is_eog)
-        return accept_ratio(p_at, qs, draft, sampler.rng, is_eog)
+        if rule == "greedy":
+            score = ctx.logits if sampler is None else lambda i: sampler.penalize(ctx.logits(i), recent + draft[:i])
+            ids = accept_greedy(lambda i: walk.argmax(i, score(i)), draft, is_eog)
+        else:
+            logits = ctx.logits if walk is None else lambda i: walk.mask(i, ctx.logits(i))
+            p_at = lambda i: sampler.probs(logits(i), recent + draft[:i])  # noqa: E731
+            if rule == "exact":
+                ids = accept_exact(p_at, draft, sampler.rng, is_eog)
+            else:
+                ids = accept_ratio(p_at, qs, draft, sampler.rng, is_eog)
+        if walk is not None:
+            walk.finish(ids)
+        return ids
 
     def _run(self) -> Iterator[int]:
         target = self.engine.target
         target.acquire(self)
         try:
+            if self.grammar is not None:
+                from .constraints import Constraint
+
+                self.constraint = Constraint(target.model, self.grammar)
             yield from self._rounds()
         finally:
+            if self.constraint is not None:
+                self.constraint.close()
             target.release()
 
     def _rounds(self) -> Iterator[int]:
@@ -232,6 +256,8 @@ class Generation:
                     n_round = engine.draft_max if drafter is not None else 0
                 n_max = min(n_round, ctx.n_ctx - pos0 - 2, left - 1)
                 draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
+                if self.constraint is not None:
+                    draft, qs = self._constrain(draft, qs)
                 if lengths is not None and drafter is not None and drafter.last_confidence is not None:
                     conf = drafter.last_confidence[:len(draft)]
                     n_keep = lengths.cut(conf)
@@ -244,7 +270,7 @@ class Generation:
                 verify = [id_last, *draft]
                 batch.clear().add_tokens(verify, pos0, "all")
                 ctx.decode(batch)
-                if self.sampler is None:
+                if self.sampler is None and self.constraint is None:
                     ids = greedy_ids(ctx, draft, model.is_eog)
                 else:
                     ids = self._verify(history, id_last, draft, qs)

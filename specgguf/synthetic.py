@@ -172,7 +172,7 @@ def head_for(embeddings: np.ndarray, next_of: np.ndarray, scale: float = 1.0) ->
 
 def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: float = 0.0,
                 perturb_seed: int = 1, name: str = "synthetic-qwen3", counting: bool = False,
-                tokenizer: dict | None = None) -> Path:
+                tokenizer: dict | None = None, chat_template: str | None = None) -> Path:
     """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft).
 
     counting=True makes a predictable target: small layer outputs and a head that maps each
@@ -197,6 +197,8 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_file_type(0)
     n_vocab = add_tokenizer(writer, shape.n_merges, **(tokenizer or {}))
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     weights = qwen3_weights(shape, n_vocab, seed)
     if counting:
         weights["output.weight"] = head_for(weights["token_embd.weight"], successor(n_vocab), 4.0)
