@@ -80,6 +80,7 @@ class Costs:
     def __post_init__(self):
         self._curve = None  # the V array, rebuilt after observations
         self._curve_list = None
+        self._curve_widths = 0
         self._since_fit = 0
 
     def observe_verify(self, n: int, seconds: float) -> None:
@@ -128,7 +129,7 @@ class Costs:
     def curve(self, n_max: int) -> np.ndarray:
         """V(0..n_max) in seconds (in units of a plain pass while nothing is measured)."""
         cached = self._curve
-        if cached is not None and len(cached) > n_max:
+        if cached is not None and len(cached) > n_max and self._curve_widths == len(self.verify):
             return cached
         xs, ys = self._knots() if self.verify else ([], [])
         width = max(n_max, xs[-1] if xs else 0, 64)
@@ -152,7 +153,7 @@ class Costs:
                 beyond = n > last
                 v[beyond] = ys[-1] + slope * (n[beyond] - last)
             v = np.clip(v, ys[0], (n + 1) * ys[0])
-        self._curve, self._since_fit = v, 0
+        self._curve, self._since_fit, self._curve_widths = v, 0, len(self.verify)
         return v
 
     def curve_list(self, n_max: int) -> list[float]:

@@ -24,6 +24,7 @@ with `samples = False` drafts as it always does and the rules treat its tokens a
 masses: still exact, only less accepted. Never stop or discard a draft because of a token you drew: decide on the
 draft's own top candidate first (see ModelDrafter's p_min), or the q you report is not the
 one the tokens came from.
+
 Confidence (`--draft-max auto`, tuning.py): a kind that knows how sure it is sets
 `last_confidence` in `draft()`: one number in [0, 1] per returned token, its own estimate
 that the token is accepted once all before it were (a lookup drafter: from how long the
