@@ -20,7 +20,7 @@ from typing import Iterator
 from .errors import UserError
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
-from .verify import exact as accept_exact, greedy as accept_greedy, ratio as accept_ratio
+from .verify import coupled as accept_coupled, greedy as accept_greedy, ratio as accept_ratio
 
 
 AUTO = "auto"
@@ -119,6 +119,8 @@ class Generation:
         self._drafter_samples = self.sampler is not None and engine.drafter is not None \
             and engine.drafter.samples
         self.stats = GenerationStats(prompt_tokens=len(prompt))
+        if self.sampler is not None and not sampling.greedy:
+            self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
         self._it = self._run()
@@ -193,11 +195,14 @@ class Generation:
             ids = accept_greedy(lambda i: walk.argmax(i, score(i)), draft, is_eog)
         else:
             logits = ctx.logits if walk is None else lambda i: walk.mask(i, ctx.logits(i))
-            p_at = lambda i: sampler.probs(logits(i), recent + draft[:i])  # noqa: E731
-            if rule == "exact":
-                ids = accept_exact(p_at, draft, sampler.rng, is_eog)
-            else:
-                ids = accept_ratio(p_at, qs, draft, sampler.rng, is_eog)
+            p_at = lambda i: sampler.dist(logits(i), recent + draft[:i])  # noqa: E731
+            # noise is keyed by the absolute position of the token chosen: id_last sits at
+            # len(history) (the KV cache holds history), round position i chooses len(history) + 1 + i
+            pos = len(history) + 1
+            if rule == "ratio":
+                ids = accept_ratio(p_at, qs, draft, sampler.noise, pos, is_eog)
+            else:  # coupled and exact verify alike (verify.py)
+                ids = accept_coupled(p_at, draft, sampler.noise, pos, is_eog)
         if walk is not None:
             walk.finish(ids)
         return ids

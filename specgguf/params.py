@@ -35,7 +35,7 @@ SAMPLING_FIELDS = {
     "repeat_penalty": (_NUM, lambda v: v > 0, "a number > 0"),
     "presence_penalty": (_NUM, lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
     "frequency_penalty": (_NUM, lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
-    "seed": ((int,), lambda v: True, "a whole number"),
+    "seed": ((int,), lambda v: -1 <= v < 1 << 64, "a whole number in [0, 2**64 - 1] (-1: random)"),
 }
 
 

@@ -20,6 +20,7 @@ class GenerationStats:
     accepted_by_position_n: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)  # the length asked for, per round
     rounds_detail: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
+    seed: int | None = None  # the sampling seed (drawn when none was given); None: greedy
 
     def record_round(self, n_drafted: int, n_accepted: int) -> None:
         self.rounds += 1
@@ -71,6 +72,7 @@ class GenerationStats:
             "draft_lengths": self.draft_lengths,
             # per round [drafted, accepted]: what tests/test_parity.py compares with the C++ loop
             "rounds_detail": [list(r) for r in self.rounds_detail],
+            "seed": self.seed,
         }
 
     def summary(self) -> str:
@@ -79,4 +81,5 @@ class GenerationStats:
         if self.drafted:
             line += (f", {self.accepted}/{self.drafted} drafts accepted ({100 * self.acceptance_rate:.0f}%), "
                      f"tau {self.tau:.2f}")
-        return line + f"; prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s"
+        line += f"; prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s"
+        return line + (f"; seed {self.seed}" if self.seed is not None else "")

@@ -4,6 +4,7 @@ greedy unchanged, seeds reproducible, bad settings refused with one line."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -20,7 +21,8 @@ from test_cli import assert_one_line_error
 @pytest.mark.parametrize("bad, flag", [
     (dict(temperature=-0.1), "--temperature"), (dict(top_p=0.0), "--top-p"), (dict(top_p=1.5), "--top-p"),
     (dict(top_k=-1), "--top-k"), (dict(min_p=1.5), "--min-p"), (dict(repeat_penalty=0), "--repeat-penalty"),
-    (dict(penalty_last_n=-2), "--penalty-last-n"), (dict(seed=-1), "--seed"), (dict(accept="maybe"), "--accept"),
+    (dict(penalty_last_n=-2), "--penalty-last-n"), (dict(seed=-1), "--seed"), (dict(seed=2 ** 64), "--seed"),
+    (dict(accept="maybe"), "--accept"),
     (dict(temperature=float("nan")), "--temperature"), (dict(top_k=2.5), "--top-k"),
     (dict(temperature="hot"), "--temperature"),
 ])
@@ -34,7 +36,8 @@ def test_bad_settings_raise_one_line(bad, flag):
 def test_rule_resolution():
     assert SamplingParams().rule == "greedy"
     assert SamplingParams(temperature=0, accept="ratio").rule == "greedy"  # T = 0: every rule is greedy
-    assert SamplingParams(temperature=0.7).rule == "ratio"
+    assert SamplingParams(temperature=0.7).rule == "coupled"  # the default at T > 0 reproduces
+    assert SamplingParams(temperature=0.7, accept="ratio").rule == "ratio"
     assert SamplingParams(temperature=0.7, accept="exact").rule == "exact"
     assert not SamplingParams(repeat_penalty=1.0, presence_penalty=0.0).penalized
     assert not SamplingParams(repeat_penalty=1.3, penalty_last_n=0).penalized
@@ -119,12 +122,24 @@ def test_greedy_probs_are_a_point_mass():
     assert p.tolist() == [0.0, 1.0, 0.0]
 
 
-def test_propose_samples_only_for_ratio():
+def test_propose_reports_q_only_for_ratio():
     logits = np.array([0.0, 0.1, 0.2])
-    tok, q = Sampler(SamplingParams(temperature=1.0, accept="exact", seed=0)).propose(logits)
+    tok, q = Sampler(SamplingParams(temperature=1.0, accept="exact", seed=0)).propose(logits, [], 5)
     assert tok == 2 and q is None
-    tok, q = Sampler(SamplingParams(temperature=1.0, seed=0)).propose(logits)
-    assert q is not None and q[tok] > 0 and q.sum() == pytest.approx(1.0)
+    tok, q = Sampler(SamplingParams(temperature=1.0, accept="ratio", seed=0)).propose(logits, [], 5)
+    assert q is not None and q.prob(tok) > 0 and q.probs().sum() == pytest.approx(1.0)
+    s = Sampler(SamplingParams(temperature=1.0, seed=0))  # coupled: the target's own keyed sample
+    assert s.propose(logits, [], 5) == (s.sample(s.dist(logits), 5), None)
+
+
+def test_dist_keeps_only_the_support():
+    """The sampled path holds the kept tokens only: top-k gives k logits, never a vocabulary."""
+    logits = np.random.default_rng(4).standard_normal(262_144).astype(np.float32)
+    d = Sampler(SamplingParams(temperature=0.7, top_k=40, top_p=0.95)).dist(logits)
+    assert d.ids is not None and len(d) <= 40 and d.z.dtype == np.float64
+    full = Sampler(SamplingParams(temperature=0.7)).dist(logits)
+    assert full.ids is None and full.z is logits  # no truncation: the logits themselves, no copy
+    assert np.allclose(d.dense(logits.size)[d.ids], d.probs())
 
 
 # -- generation on a real (synthetic) model -----------------------------------------------------
@@ -150,7 +165,7 @@ def test_greedy_unchanged(qwen3_target, qwen3_draft, draft):
 
 
 @pytest.mark.parametrize("draft", [None, "ngram", "model"])
-@pytest.mark.parametrize("accept", ["exact", "ratio"])
+@pytest.mark.parametrize("accept", ["coupled", "exact", "ratio"])
 def test_same_seed_same_output(qwen3_target, qwen3_draft, draft, accept):
     spec = str(qwen3_draft) if draft == "model" else draft
     with SpecGGUF(qwen3_target, draft=spec, draft_max=4, n_ctx=512) as llm:
@@ -160,20 +175,6 @@ def test_same_seed_same_output(qwen3_target, qwen3_draft, draft, accept):
         c, _ = run(llm, SamplingParams(seed=12, **sp))
     assert a == b and (sa.drafted, sa.accepted) == (sb.drafted, sb.accepted)
     assert a != c  # 40 tokens from a 479-token vocabulary at T = 0.8: equal only by a fluke
-
-
-@pytest.mark.parametrize("draft", ["ngram", "model"])
-def test_exact_rule_reproduces_plain_sampling(qwen3_target, qwen3_draft, draft):
-    # exact draws one uniform per emitted token and the drafter draws none, so with the same
-    # seed the speculative run emits plain decoding's tokens (F32 logits: no near-ties)
-    spec = str(qwen3_draft) if draft == "model" else draft
-    sp = SamplingParams(temperature=0.9, top_k=50, seed=5, accept="exact")
-    with SpecGGUF(qwen3_target, draft=spec, draft_max=4, n_ctx=512) as llm:
-        fast, stats = run(llm, sp, n=60)
-        llm.engine.drafter = None
-        plain, _ = run(llm, sp, n=60)
-    assert fast == plain
-    assert stats.drafted > 0
 
 
 def test_penalised_greedy_is_lossless(qwen3_target, qwen3_draft):
@@ -202,7 +203,6 @@ def test_ratio_accepts_more_than_exact_with_a_sampling_draft(qwen3_target, qwen3
 
 def test_inspect_says_which_q_ratio_uses():
     import importlib
-    import inspect as pyinspect
 
     from specgguf.inspection import RATIO_Q
 
@@ -210,7 +210,7 @@ def test_inspect_says_which_q_ratio_uses():
                "dflash": ("dflash", "DFlashDrafter"), "dspark": ("dflash", "DFlashDrafter")}
     for kind, (mod, name) in classes.items():
         cls = getattr(importlib.import_module(f"specgguf.drafters.{mod}"), name)
-        samples = "sampler" in pyinspect.signature(cls.draft).parameters
+        samples = cls.samples
         assert samples == RATIO_Q[kind].startswith("q = the draft's own"), kind
 
 
@@ -220,7 +220,7 @@ def test_inspect_says_which_q_ratio_uses():
 @pytest.mark.parametrize("args, needle", [
     (["--temperature", "-1"], "--temperature"), (["--top-p", "0"], "--top-p"), (["--top-p", "1.5"], "--top-p"),
     (["--top-k", "-1"], "--top-k"), (["--min-p", "2"], "--min-p"), (["--accept", "sometimes"], "--accept"),
-    (["--seed", "many"], "--seed"),
+    (["--seed", "many"], "--seed"), (["--seed", "-2"], "--seed"), (["--seed", str(2 ** 64)], "--seed"),
 ])
 def test_cli_bad_sampling_settings(qwen3_target, args, needle):
     assert_one_line_error(run_cli("generate", qwen3_target, "-p", "hi", *args), needle)
@@ -237,10 +237,23 @@ def test_cli_inspect_names_the_ratio_q(qwen3_target):
 
 
 def test_cli_seed_reproducible(qwen3_target):
+    """The default rule (coupled) with --draft-max auto (the default): one seed, one text."""
     args = ["generate", qwen3_target, "-p", "The quick brown fox", "-n", "24", "--draft", "ngram", "--json",
             "--temperature", "0.9", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.02", "--repeat-penalty",
-            "1.1", "--presence-penalty", "0.1", "--frequency-penalty", "0.1", "--seed", "7", "--accept", "ratio"]
+            "1.1", "--presence-penalty", "0.1", "--frequency-penalty", "0.1", "--seed", "7"]
     a, b = run_cli(*args), run_cli(*args)
     assert a.returncode == 0, a.stderr
     assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
-    assert len(json.loads(a.stdout)["tokens"]) == 24
+    assert len(json.loads(a.stdout)["tokens"]) == 24 and json.loads(a.stdout)["stats"]["seed"] == 7
+
+
+@pytest.mark.parametrize("seed_args", [[], ["--seed", "-1"]])
+def test_cli_without_a_seed_prints_the_drawn_one(qwen3_target, seed_args):
+    """No seed (or llama.cpp's -1): one is drawn and shown in the stats; giving it back repeats the run."""
+    args = ["generate", qwen3_target, "-p", "The quick brown fox", "-n", "16", "--draft", "ngram",
+            "--temperature", "1.0", "--accept", "coupled", "--stats"]
+    a = run_cli(*args, *seed_args)
+    assert a.returncode == 0, a.stderr
+    seed = int(re.search(r"; seed (\d+)", a.stderr).group(1))
+    b = run_cli(*args, "--seed", str(seed))
+    assert b.returncode == 0 and b.stdout == a.stdout and f"; seed {seed}" in b.stderr

@@ -12,7 +12,10 @@ half at three (two drafts: the second drawn from q given the first), so both the
 and a second draft position are covered.
 
 Negative controls run the same harness with wrong rules and must be rejected: accepting
-every draft token, and resampling a rejection from p instead of the residual max(0, p - q).
+every draft token, and resampling a rejection from p instead of the residual max(0, p - q);
+for coupled, accepting every (noise-coupled) draft, and noise that is not keyed by position
+(the same Gumbel values at every position: each token is drawn right, but the second is
+tied to the first).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import pytest
 import specgguf.engine as engine_mod
 import specgguf.verify as verify_mod
 from chisquare import gof, pvalue
+from specgguf import noise as noise_mod
 from specgguf.api import SpecGGUF
-from specgguf.sampling import Sampler, SamplingParams, sample_from
+from specgguf.sampling import Sampler, SamplingParams
 from specgguf.synthetic import QwenShape, write_qwen3
 from specgguf.verify import ratio as real_ratio
 
@@ -93,7 +97,7 @@ def chi_square(llm, pairs, sampling_kw):
     return stat, df, pvalue(stat, df)
 
 
-@pytest.mark.parametrize("accept", ["ratio", "exact"])
+@pytest.mark.parametrize("accept", ["ratio", "exact", "coupled"])
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_first_tokens_follow_the_target(llm, config, accept):
     kw = CONFIGS[config]
@@ -104,25 +108,29 @@ def test_first_tokens_follow_the_target(llm, config, accept):
     assert p > ALPHA, (stat, df, p)
 
 
-def accept_every_draft(p_at, qs, draft, rng, is_eog):
-    return list(draft) + [sample_from(p_at(len(draft)), rng.random())]
+def accept_every_draft(p_at, qs, draft, noise, pos, is_eog):
+    return list(draft) + [p_at(len(draft)).sample(noise, pos + len(draft))]
 
 
-def residual_is_p(p_at, qs, draft, rng, is_eog):
+def accept_every_coupled_draft(p_at, draft, noise, pos, is_eog):
+    return accept_every_draft(p_at, None, draft, noise, pos, is_eog)
+
+
+def residual_is_p(p_at, qs, draft, noise, pos, is_eog):
     """min(1, p/q) acceptance, but a rejection resamples from p instead of max(0, p - q)."""
     def p_not_residual(p, q, tok):
         return p
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(verify_mod, "residual", p_not_residual)
-        return real_ratio(p_at, qs, draft, rng, is_eog)
+        return real_ratio(p_at, qs, draft, noise, pos, is_eog)
 
 
 def test_point_masses_are_always_exact(llm, monkeypatch):
     """Not a negative control: a sampled draft verified as if it were a point mass (a drafter
     that does not expose its q) is still exact, only accepted less often."""
     monkeypatch.setattr(engine_mod, "accept_ratio",
-                        lambda p_at, qs, draft, rng, is_eog: real_ratio(p_at, None, draft, rng, is_eog))
+                        lambda p_at, qs, draft, noise, pos, is_eog: real_ratio(p_at, None, draft, noise, pos, is_eog))
     kw = CONFIGS["T0.35"]
     pairs, _ = sample_pairs(llm, kw, "ratio", N_SEEDS // 2)
     stat, df, p = chi_square(llm, pairs, kw)
@@ -136,4 +144,23 @@ def test_the_test_rejects_wrong_rules(llm, monkeypatch, wrong_rule):
     pairs, _ = sample_pairs(llm, kw, "ratio", N_SEEDS // 2)
     stat, df, p = chi_square(llm, pairs, kw)
     print(f"{wrong_rule.__name__}: chi2 {stat:.1f} df {df} p {p:.3g}")
+    assert p < 1e-6, (stat, df, p)
+
+
+def test_the_test_rejects_wrong_coupled_rules(llm, monkeypatch):
+    kw = CONFIGS["T0.35"]
+    monkeypatch.setattr(engine_mod, "accept_coupled", accept_every_coupled_draft)
+    pairs, _ = sample_pairs(llm, kw, "coupled", N_SEEDS // 2)
+    stat, df, p = chi_square(llm, pairs, kw)
+    print(f"coupled, every draft kept: chi2 {stat:.1f} df {df} p {p:.3g}")
+    assert p < 1e-6, (stat, df, p)
+
+
+def test_the_test_rejects_noise_not_keyed_by_position(llm, monkeypatch):
+    kw = CONFIGS["T1.0-top_p"]
+    real_key = noise_mod.Noise.key
+    monkeypatch.setattr(noise_mod.Noise, "key", lambda self, pos, purpose: real_key(self, 0, purpose))
+    pairs, _ = sample_pairs(llm, kw, "coupled", N_SEEDS // 2)
+    stat, df, p = chi_square(llm, pairs, kw)
+    print(f"coupled, noise without position: chi2 {stat:.1f} df {df} p {p:.3g}")
     assert p < 1e-6, (stat, df, p)

@@ -103,11 +103,15 @@ def sampling_options(f):
         click.option("--frequency-penalty", type=float, default=0.0, show_default=True),
         click.option("--penalty-last-n", type=int, default=64, show_default=True,
                      help="Tokens the penalties look back over (-1 = all, 0 = off)."),
-        click.option("--seed", type=int, default=None, help="Random seed: the same seed, prompt and settings "
-                                                             "give the same output."),
-        click.option("--accept", type=click.Choice(["exact", "ratio"]), default=None,
-                     help="Acceptance rule when sampling: exact (llama.cpp: sample the target, keep a draft "
-                          "token on a match) or ratio (min(1, p/q), residual resampling; the default)."),
+        click.option("--seed", type=int, default=None,
+                     help="Random seed in [0, 2**64 - 1]: the same seed, prompt and settings give the same text, "
+                          "with any draft and draft length (coupled and exact rules). Omitted or -1: one is drawn "
+                          "and shown in the stats (--stats, --json) so the run can be repeated."),
+        click.option("--accept", type=click.Choice(["coupled", "exact", "ratio"]), default=None,
+                     help="Acceptance rule when sampling: coupled (the default: target and draft sample with the "
+                          "same keyed noise; output = plain sampling with the same seed), exact (llama.cpp: greedy "
+                          "drafts kept while they match the target's sample; same output) or ratio (min(1, p/q), "
+                          "residual resampling; same distribution, but the text depends on the draft lengths)."),
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -121,4 +125,6 @@ def sampling_from(opts: dict):
     names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "penalty_last_n", "seed")
     values = {n: opts.pop(n) for n in names}
+    if values["seed"] == -1:  # llama.cpp's "random seed"
+        values["seed"] = None
     return SamplingParams(**values, accept=opts.pop("accept") or "auto")

@@ -16,7 +16,7 @@ from .base import Drafter
 
 class ModelDrafter(Drafter):
     kind = "model"
-    samples = True  # last_q: per drafted token, the q it was sampled from (None: greedy)
+    samples = True  # takes the sampler: coupled/ratio draw, ratio's q lands in last_q
     # lazy (auto mode only): fixed lengths keep llama.cpp's eager order, bit for bit
     supports_lazy = True
 
@@ -65,8 +65,9 @@ class ModelDrafter(Drafter):
 
     def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         """Greedy (llama.cpp's draft-simple) without a sampler; with one, each token comes from
-        `sampler.propose`: sampled from q under the ratio rule (q kept in `last_q`), else the
-        arg-max of the penalised logits."""
+        `sampler.propose` for its absolute position (pos0 + 1 + index): under coupled the
+        Gumbel-max sample of q with the target's noise of that position, under ratio a sample
+        of q (q kept in `last_q`), under exact the arg-max of the penalised logits."""
         self._catch_up()
         ctx, b = self.ctx, self.batch
         b.clear().add_token(id_last, pos0, True)
@@ -85,7 +86,7 @@ class ModelDrafter(Drafter):
             if sampler is None:
                 tok, q = int(logits.argmax()), None
             else:
-                tok, q = sampler.propose(logits, recent + out)
+                tok, q = sampler.propose(logits, recent + out, pos0 + 1 + len(out))
             out.append(tok)
             qs.append(q)
             if len(out) >= n_max:
@@ -94,7 +95,7 @@ class ModelDrafter(Drafter):
             ctx.decode(b)
         if len(out) < self.n_min:
             return []
-        if sampler is not None and sampler.samples_drafts:
+        if any(q is not None for q in qs):
             self.last_q = qs
         return out
 
