@@ -114,7 +114,7 @@ class Generation:
         self.grammar, self.constraint = grammar, None  # the constraint is built when the run starts
         self.cancelled = cancelled or (lambda: False)
         # None: plain greedy, the hot path that touches no probability vector at all
-        plain = sampling is None or (sampling.greedy and not sampling.penalized)
+        plain = sampling is None or (sampling.greedy and not sampling.penalized and not sampling.logit_bias)
         self.sampler = None if plain else Sampler(sampling)
         self._drafter_samples = self.sampler is not None and engine.drafter is not None \
             and engine.drafter.samples
@@ -124,6 +124,9 @@ class Generation:
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
         self._it = self._run()
+        # on_verified(ctx, ids): called once a round with the committed ids; row i of the target's
+        # logits is the one ids[i] was chosen from (logprobs.py reads them there)
+        self.on_verified = None
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -281,6 +284,8 @@ class Generation:
                     ids = self._verify(history, id_last, draft, qs)
                 t2 = clock()
                 if drafter is not None:
+                if self.on_verified is not None:
+                    self.on_verified(ctx, ids)
                     drafter.process(verify, pos0)
                 k = len(ids) - 1
                 if drafter is not None:

@@ -209,6 +209,28 @@ class Model(_Owned):
         tmpl = C.llama_model_chat_template(self.ptr, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
+    def metadata(self) -> dict[str, str]:
+        """Every metadata key with its value as text, as llama.cpp renders it (what
+        llama_cpp.Llama.metadata holds)."""
+        out = {}
+        for i in range(C.llama_model_meta_count(self.ptr)):
+            key, val = (self._meta_by_index(fn, i) for fn in (C.llama_model_meta_key_by_index,
+                                                              C.llama_model_meta_val_str_by_index))
+            if key is not None and val is not None:
+                out[key] = val
+        return out
+
+    def _meta_by_index(self, fn, i: int) -> str | None:
+        size = 1024
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = fn(self.ptr, i, buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
     @cached_property
     def target_layer_ids(self) -> list[int]:
         """Target layers an eagle3/dflash draft reads ([] for ordinary models)."""

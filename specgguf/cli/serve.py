@@ -6,6 +6,7 @@ HTTP libraries load only when the command runs, and their absence is one `error:
 
 from __future__ import annotations
 
+import re
 import socket
 
 import click
@@ -39,6 +40,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def parse_origins(value: str) -> list[str]:
+    """--cors-origins: '*', 'none', or origins like https://app.example.com[:port], comma-separated."""
+    if value.strip().lower() == "none":
+        return []
+    origins = [o.strip().rstrip("/") for o in value.split(",") if o.strip()]
+    if not origins:
+        raise UserError("--cors-origins is empty: give '*', 'none' or origins like http://localhost:3000")
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
+            raise UserError(f"--cors-origins: {o!r} is not an origin: write scheme://host[:port], "
+                            "like http://localhost:3000 (or '*' for all)")
+    return origins
+
+
 @click.command()
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -49,17 +64,23 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests that may wait behind the running one; more get 503 with Retry-After.")
 @click.option("--model-id", default=None, help="Model name clients send (default: the target's file name).")
-def serve(host, port, api_key, max_queue, model_id, **opts):
+@click.option("--cors-origins", default="*", show_default=True,
+              help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
+                   "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
+                   "'none' sends no CORS headers.")
+def serve(host, port, api_key, max_queue, model_id, cors_origins, **opts):
     """Serve TARGET over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (got {port})")
     if max_queue < 1:
         raise UserError(f"--max-queue must be at least 1 (got {max_queue})")
+    origins = parse_origins(cors_origins)
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
         with open_model(**opts) as llm:
-            app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue)
+            app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue,
+                                    cors_origins=origins)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"
             click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}) on "
