@@ -66,6 +66,35 @@ def _check_gemma4(info: GGUFInfo, name: str, n_layer: int) -> None:
                         "with their own, which llama.cpp aborts on: the file was converted wrongly")
 
 
+def check_mtp_pair(target: GGUFInfo, draft: GGUFInfo) -> None:
+    """A gemma4-assistant draft and its gemma4 target: the assistant reads the target's cache
+    (its sliding layers that of the target's layer n-2, its full ones that of layer n-1) and
+    its hidden states, so widths, head sizes and that layout must agree, or llama.cpp aborts."""
+    name = f"mtp draft {draft.path.name}"
+    fix = "use the gemma4 target the assistant was released with"
+    if draft.arch != "gemma4-assistant":
+        raise UserError(f"{name} has architecture {draft.arch!r}; --draft-kind mtp runs gemma4-assistant drafts")
+    if target.arch != "gemma4":
+        raise UserError(f"{name} drafts for gemma4 targets, but {target.path.name} is a {target.arch!r} model; {fix}")
+    out = draft.metadata.get("gemma4-assistant.embedding_length_out")
+    if out != target.n_embd:
+        raise UserError(f"{name} takes hidden states of width {out} (embedding_length_out) but {target.path.name} "
+                        f"has width {target.n_embd}; {fix}")
+    nextn = draft.metadata.get("gemma4-assistant.nextn_predict_layers", 0)
+    if not isinstance(nextn, int) or not 1 <= nextn <= draft.n_layer:
+        raise UserError(f"{name} declares {nextn!r} prediction layers for {draft.n_layer} layers; convert it again")
+    pattern = target.arrays.get("gemma4.attention.sliding_window_pattern") or []
+    if target.n_layer < 2 or len(pattern) < target.n_layer or list(pattern[target.n_layer - 2:target.n_layer]) != [1, 0]:
+        raise UserError(f"{target.path.name} does not end in a sliding and a full-attention layer, whose caches "
+                        f"{name} reads; {fix}")
+    for key in ("attention.key_length", "attention.key_length_swa"):
+        if draft.metadata.get(f"gemma4-assistant.{key}") != target.metadata.get(f"gemma4.{key}"):
+            raise UserError(f"{name} has {key} {draft.metadata.get(f'gemma4-assistant.{key}')} but the target has "
+                            f"{target.metadata.get(f'gemma4.{key}')}: it cannot read that cache; {fix}")
+    if draft.n_vocab != target.n_vocab or draft.vocab_fingerprint != target.vocab_fingerprint:
+        raise UserError(f"{name} and {target.path.name} have different vocabularies; {fix}")
+
+
 def is_gemma4_draft(draft: GGUFInfo) -> bool:
     """A dflash draft converted from a Gemma-4 checkpoint (sqrt(H) embeddings, Gemma's post norms)."""
     return draft.arch == "dflash" and (draft.metadata.get("dflash.embedding_scale") is not None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .compat import (LAYER_INPUT_ARCHS, check_hidden_state_pair, check_loadable, check_shared_vocab,
-                     is_gemma4_draft, needs_eagle3_patch)
+from .compat import (LAYER_INPUT_ARCHS, check_hidden_state_pair, check_loadable, check_mtp_pair,
+                     check_shared_vocab, is_gemma4_draft, needs_eagle3_patch)
 from .drafters import detect_kind
 from .errors import UserError
 from .ggufinfo import read_gguf
@@ -33,6 +33,10 @@ def describe(path, target_path=None) -> list[str]:
         lines.append("as a target:  any plain draft of the same tokenizer, or ngram; "
                      f"eagle3/dflash/dspark drafts: {feeds}")
         lines.append("as a draft:   kind 'model' for targets with the same tokenizer")
+    elif kind == "mtp":
+        lines.append(f"as a draft:   kind 'mtp', reads the target's final hidden states (width "
+                     f"{info.metadata.get('gemma4-assistant.embedding_length_out')}) and shares its KV cache")
+        lines.append("runs on:      the stock build, beside the gemma4 target it was released with")
     else:
         lines.append(f"as a draft:   kind '{kind}', reads target layers {list(info.target_layers)} "
                      f"(inputs of those layers), {_head(info)}")
@@ -49,6 +53,9 @@ def describe(path, target_path=None) -> list[str]:
             if kind == "model":
                 check_shared_vocab(tgt, info)
                 verdict = f"fits target {tgt.path.name}: same tokenizer"
+            elif kind == "mtp":
+                check_mtp_pair(tgt, info)
+                verdict = f"fits target {tgt.path.name}: width {tgt.n_embd}, its caches, same vocabulary"
             else:
                 check_hidden_state_pair(tgt, info, kind)
                 verdict = (f"fits target {tgt.path.name}: layers {list(info.target_layers)} of its "
@@ -63,7 +70,7 @@ def describe(path, target_path=None) -> list[str]:
 # checks it against the drafters' draft() signatures: a kind that takes `sampler` samples).
 _POINT = "point masses (this kind drafts greedily): still exact, acceptance p(draft)"
 RATIO_Q = {"model": "q = the draft's own sampled distribution (same transforms as the target)",
-           "eagle3": _POINT, "dflash": _POINT, "dspark": _POINT}
+           "eagle3": _POINT, "dflash": _POINT, "dspark": _POINT, "mtp": _POINT}
 
 
 def _runs_on(info, kind: str) -> str:

@@ -277,7 +277,8 @@ class Context(_Owned):
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_ubatch: int | None = None,
                  n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
-                 embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None):
+                 embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None,
+                 mtp: bool = False):
         params = C.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
@@ -294,6 +295,8 @@ class Context(_Owned):
             params.flash_attn_type = int(flash_attn)
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
+        if mtp:  # a multi-token-prediction draft context (e.g. gemma4-assistant, sharing ctx_other's KV)
+            params.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
         ptr = C.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LlamaError(f"llama.cpp could not create a context for {model.path} "

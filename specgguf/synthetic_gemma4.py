@@ -199,3 +199,86 @@ def write_gemma4(path, shape: Gemma4Shape = Gemma4Shape(), seed: int = 0, counti
     w.close()
     os.replace(tmp, path)
     return path
+
+
+# --------------------------------------------------------------------------------------
+# Gemma 4's own multi-token-prediction drafter (arch `gemma4-assistant`)
+# --------------------------------------------------------------------------------------
+
+
+def write_gemma4_assistant(path, target: Gemma4Shape = Gemma4Shape(), seed: int = 30, n_layer: int = 2,
+                           n_embd: int = 48, counting_target_seed: int | None = None,
+                           width_out: int | None = None) -> Path:
+    """A gemma4-assistant draft for a gemma4 target of shape `target`: it has no KV cache of its
+    own (its sliding layers read the target's last sliding layer's cache, its full ones the last
+    full layer's), takes [target embedding of the token; target hidden state] through
+    `nextn.pre_projection`, and hands the next step its hidden state through
+    `nextn.post_projection` (`embedding_length_out` = the target's width; its own, `n_embd`,
+    must differ: llama.cpp refuses an assistant as wide as its target).
+
+    counting_target_seed: the seed of a counting target; the draft then projects the token's
+    embedding straight through and its (tied) head maps it to its successor, so it drafts
+    the counting rule."""
+    import gguf
+
+    if tuple(target.swa_pattern[-2:]) != (True, False):
+        raise ValueError("the target's last two layers must be sliding then full (the assistant shares them)")
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    a = "gemma4-assistant"
+    H, Hb = n_embd, target.n_embd
+    pattern = [True] * (n_layer - 1) + [False]
+    w = gguf.GGUFWriter(str(tmp), a)
+    w.add_name("synthetic-gemma4-assistant")
+    w.add_uint32(f"{a}.context_length", target.n_ctx_train)
+    w.add_uint32(f"{a}.embedding_length", H)
+    w.add_uint32(f"{a}.embedding_length_out", width_out or Hb)
+    w.add_uint32(f"{a}.block_count", n_layer)
+    w.add_uint32(f"{a}.nextn_predict_layers", n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", target.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", target.n_head)
+    w.add_array(f"{a}.attention.head_count_kv", [target.n_head_kv if s else target.n_head_kv_full for s in pattern])
+    w.add_uint32(f"{a}.attention.key_length", target.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", target.head_dim)
+    w.add_uint32(f"{a}.attention.key_length_swa", target.head_dim_swa)
+    w.add_uint32(f"{a}.attention.value_length_swa", target.head_dim_swa)
+    w.add_uint32(f"{a}.rope.dimension_count", target.head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count_swa", target.head_dim_swa)
+    w.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    w.add_float32(f"{a}.rope.freq_base_swa", 10_000.0)
+    w.add_uint32(f"{a}.attention.sliding_window", target.sliding_window)
+    w.add_array(f"{a}.attention.sliding_window_pattern", pattern)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_uint32("general.file_type", 0)
+    types = add_gemma_tokenizer(w, target.n_merges)
+    V = len(types)
+    mat, norm = _initializers(seed)
+    n_rot = int(target.head_dim * target.partial_rotary) // 2
+    t = {"token_embd.weight": mat(V, H, 1.0), "output_norm.weight": norm(H),
+         "nextn.pre_projection.weight": mat(H, 2 * Hb), "nextn.post_projection.weight": mat(Hb, H),
+         "rope_freqs.weight": np.array([1.0] * n_rot + [1e30] * (target.head_dim // 2 - n_rot), dtype=np.float32)}
+    for i, swa in enumerate(pattern):
+        p = f"blk.{i}."
+        hd = target.head_dim_swa if swa else target.head_dim
+        t.update({p + "attn_norm.weight": norm(H), p + "attn_q.weight": mat(target.n_head * hd, H),
+                  p + "attn_output.weight": mat(H, target.n_head * hd), p + "attn_q_norm.weight": norm(hd),
+                  p + "post_attention_norm.weight": norm(H), p + "ffn_norm.weight": norm(H),
+                  p + "ffn_gate.weight": mat(target.n_ff, H), p + "ffn_up.weight": mat(target.n_ff, H),
+                  p + "ffn_down.weight": mat(H, target.n_ff), p + "post_ffw_norm.weight": norm(H),
+                  p + "layer_output_scale.weight": np.array([1.0], dtype=np.float32)})
+    if counting_target_seed is not None:
+        emb = _bf16_exact(gemma4_weights(target, V, counting_target_seed)["token_embd.weight"])
+        proj = np.linalg.qr(np.random.default_rng(seed).standard_normal((Hb, H)))[0].T  # orthonormal rows
+        t["nextn.pre_projection.weight"] = np.concatenate([proj, np.zeros((H, Hb))], 1).astype(np.float32)
+        t["token_embd.weight"] = head_for(emb @ proj.T, gemma_successor(types), 4.0)  # tied: the head
+        for k in t:
+            if k.endswith(("post_attention_norm.weight", "post_ffw_norm.weight")):
+                t[k] *= 0.05
+    for k, v in t.items():
+        w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path

@@ -21,7 +21,8 @@ import pytest
 from specgguf import native
 from specgguf.converters import convert
 from specgguf.synthetic import QwenShape, write_qwen3
-from specgguf.synthetic_gemma4 import MASK_ID, Gemma4Shape, gemma_successor, plain_ids, write_gemma4
+from specgguf.synthetic_gemma4 import (MASK_ID, Gemma4Shape, gemma_successor, plain_ids, write_gemma4,
+                                       write_gemma4_assistant)
 
 import checkpoint_fixtures as F
 import reference_dspark as R
@@ -64,6 +65,8 @@ def g4_drafts(g4dir, g4_counting):
                            ("dflash", dict(markov_rank=0, conf=False), "shared")]:
         ck = F.make_gemma4_dspark_checkpoint(g4dir / f"ck-{name}", g4_counting, target_layer_ids=(0, 2, 4), **kw)
         out[name] = convert(str(ck), g4_counting, g4dir / f"{name}.gguf", "f16", head).path
+    # Gemma 4's own assistant (gemma4-assistant, kind mtp), knowing the counting rule
+    out["mtp"] = write_gemma4_assistant(g4dir / "assistant.gguf", Gemma4Shape(), counting_target_seed=0)
     return out
 
 
@@ -181,7 +184,7 @@ def test_softcapped_config_warns_and_runs_uncapped(tmp_path, g4_target, g4_targe
 
 # -- generation ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["dspark", "dspark-own", "dflash"])
+@pytest.mark.parametrize("name", ["dspark", "dspark-own", "dflash", "mtp"])
 def test_greedy_output_is_plain_output(g4_counting, g4_drafts, name):
     prompts = ["The quick brown fox", "def add(a, b):\n    return", "Numbers: 0 1 2 3"]
     assert not L.check_lossless(g4_counting, str(g4_drafts[name]), prompts, draft_max=4, n_ctx=512)
@@ -196,6 +199,16 @@ def test_dspark_reaches_real_acceptance(g4_counting, g4_drafts):
     assert s.drafted > 0 and 0.3 < s.accepted / s.drafted < 1.0, (s.accepted, s.drafted)
 
 
+def test_mtp_assistant_reaches_real_acceptance(g4_counting, g4_drafts):
+    from specgguf.api import SpecGGUF
+
+    with SpecGGUF(g4_counting, draft=str(g4_drafts["mtp"]), draft_max=4, n_ctx=512) as llm:
+        assert llm.drafter.kind == "mtp"
+        r = llm.generate("The quick brown fox", max_tokens=48)
+    s = r.stats
+    assert s.drafted > 0 and 0.3 < s.accepted / s.drafted < 1.0, (s.accepted, s.drafted)
+
+
 # -- parity with llama-speculative-simple (tests/test_parity.py's checks, on these files) ------------
 
 @pytest.fixture(scope="module")
@@ -206,7 +219,8 @@ def hidden_drafts(g4_drafts):
 
 PARITY = [TP.Case("gemma4-dspark", "draft-dspark", "g4_counting", "dspark", n_predict=40),
           TP.Case("gemma4-dspark-own-head", "draft-dspark", "g4_counting", "dspark-own", draft_max=6, n_predict=40),
-          TP.Case("gemma4-dflash", "draft-dflash", "g4_counting", "dflash", n_predict=40)]
+          TP.Case("gemma4-dflash", "draft-dflash", "g4_counting", "dflash", n_predict=40),
+          TP.Case("gemma4-assistant-mtp", "draft-mtp", "g4_counting", "mtp", n_predict=40)]
 
 
 @pytest.mark.parametrize("case", PARITY, ids=[c.id for c in PARITY])
@@ -254,6 +268,17 @@ def test_gemma4_draft_mask_missing_from_target_vocabulary(tmp_path, g4_counting)
 
 def test_gemma4_draft_beside_qwen3_target_at_run_time(g4_drafts, qwen3):
     one_line_refusal(run_cli("generate", qwen3, "-p", "hi", "-n", "4", "--draft", g4_drafts["dspark"]))
+def test_assistant_of_another_width_is_refused(tmp_path, g4_counting):
+    bad = write_gemma4_assistant(tmp_path / "a.gguf", Gemma4Shape(), width_out=80)
+    one_line_refusal(run_cli("generate", g4_counting, "-p", "hi", "-n", "4", "--draft", bad, "--draft-max", "3"),
+                     "embedding_length_out")
+
+
+def test_assistant_beside_a_qwen3_target_is_refused(g4_drafts, qwen3):
+    one_line_refusal(run_cli("generate", qwen3, "-p", "hi", "-n", "4", "--draft", g4_drafts["mtp"],
+                             "--draft-max", "3"), "gemma4")
+
+
 def test_gemma4_target_without_sliding_layers_is_refused(tmp_path):
     """llama.cpp asserts (aborts the process) when a gemma4 file marks no layer as sliding."""
     bad = write_gemma4(tmp_path / "nosw.gguf", Gemma4Shape(swa_pattern=(False,) * 6), seed=0)
@@ -273,6 +298,8 @@ def test_inspect_says_build_and_target_archs(g4_drafts, g4_counting, tmp_path):
     e3 = write_eagle3(tmp_path / "e3.gguf", layers=(0, 1, 2, 3, 4), qk_norm=True)
     proc = run_cli("inspect", e3)
     assert proc.returncode == 0 and "runs on:      the patched build only" in proc.stdout, proc.stdout
+    proc = run_cli("inspect", g4_drafts["mtp"], "--target", g4_counting)
+    assert proc.returncode == 0 and "kind 'mtp'" in proc.stdout and "pairing:      fits target" in proc.stdout
 
 
 def test_models_lists_build_and_target_arch_of_all_twelve():

@@ -38,7 +38,7 @@ def model_options(f):
         click.option("--draft-max", default="auto", show_default=True,
                      help="Tokens drafted per round: a number, or auto (chosen each round from costs "
                           "measured on this machine and the acceptance so far; 0 when drafting does not pay)."),
-        click.option("--draft-kind", type=click.Choice(["model", "ngram", "eagle3", "dflash", "dspark"]),
+        click.option("--draft-kind", type=click.Choice(["model", "ngram", "eagle3", "dflash", "dspark", "mtp"]),
                      default=None, help="Override the kind detected from the draft GGUF (e.g. dspark slot "
                                         "rules for a DFlash file)."),
         click.option("--draft-p-min", type=float, default=0.0, show_default=True,

@@ -19,14 +19,16 @@ def top10_prob(logits, tok: int) -> float:
     return float(np.exp(logits[tok] - logits.max()) / top.sum())
 
 
-KINDS = ("model", "ngram", "eagle3", "dflash", "dspark")
+KINDS = ("model", "ngram", "eagle3", "dflash", "dspark", "mtp")
 LOOKUPS = ("ngram", "suffix")  # draft kinds that need no file
 
 
 def detect_kind(info) -> str:
-    """The kind a draft GGUF serves as: eagle3, dflash, dspark (a Markov head), or model."""
+    """The kind a draft GGUF serves as: eagle3, dflash, dspark (a Markov head), mtp, or model."""
     if info.arch == "eagle3":
         return "eagle3"
+    if info.arch == "gemma4-assistant":
+        return "mtp"
     if info.arch == "dflash":
         return "dspark" if info.has_tensor("markov_w1.weight") else "dflash"
     return "model"
@@ -73,7 +75,8 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     info = read_gguf(spec, "draft")
     detected = detect_kind(info)
     kind = kind or detected
-    allowed = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"}}
+    allowed = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"},
+               "mtp": {"mtp"}}
     if kind not in allowed[detected]:
         raise UserError(f"draft {info.path.name} is a {detected} draft (arch {info.arch}); it cannot run as "
                         f"--draft-kind {kind}")
@@ -83,6 +86,10 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
         from .model import ModelDrafter
 
         return ModelDrafter(info, target, **common)
+    if kind == "mtp":
+        from .mtp import MTPDrafter
+
+        return MTPDrafter(info, target, draft_max=draft_max, **common)
     if kind == "eagle3":
         from .eagle3 import Eagle3Drafter
 

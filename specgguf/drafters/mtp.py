@@ -1,0 +1,84 @@
+"""`mtp`: Gemma 4's multi-token-prediction assistant (arch `gemma4-assistant`) beside its target.
+
+The assistant owns no KV cache: its context is an MTP context on `ctx_other` = the target's,
+and its layers attend to the cache of the target's last sliding and last full layer. Each
+draft step decodes one entry that carries both a token and a hidden state of the target's
+width: first (id_last, h), where h is the target's post-final-norm state at the token before
+id_last, then (drafted token, the assistant's own `nextn` output). All steps sit at position
+pos0: the target's cache does not hold the drafted tokens, so they are never written.
+After every target decode the target's states of all its rows are kept; `accept(k)` picks
+row k, the state that predicted the token the target sampled next. This is the gemma4
+(shared-memory) path of llama.cpp's draft-mtp (common/speculative.cpp, see docs/loop.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native
+from ..compat import check_mtp_pair
+from . import top10_prob
+from .base import Drafter
+
+
+class MTPDrafter(Drafter):
+    kind = "mtp"
+
+    def __init__(self, info, target, draft_max: int | str = 8, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, p_min: float = 0.0, n_min: int = 0):
+        check_mtp_pair(target.info, info)  # before llama.cpp sees the pair
+        self.info, self.target = info, target
+        self.p_min, self.n_min = float(p_min), int(n_min)
+        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        try:
+            self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
+                                      n_threads=n_threads, ctx_other=target.ctx, mtp=True)
+            self.batch = native.Batch(self.ctx)
+        except BaseException:
+            self.close()
+            raise
+        self.width = target.model.n_embd
+        self.max_length = int(draft_max) if draft_max != "auto" else 8
+        self.ctx.set_embeddings_nextn(True, True)  # one nextn row per output
+        target.ctx.set_embeddings_nextn(True, False)  # unmasked: the target's state at every row
+        self.pending = np.zeros(self.width, dtype=np.float32)
+        self.rows = self.pending[None, :]
+
+    def describe(self) -> str:
+        return f"mtp draft {self.info.path.name} ({self.info.arch}, sharing the target's cache)"
+
+    def reset(self) -> None:
+        self.pending = np.zeros(self.width, dtype=np.float32)
+        self.rows = self.pending[None, :]
+
+    def process(self, tokens, pos0: int) -> None:
+        self.rows = self.target.ctx.embeddings_nextn(len(tokens), self.width).copy()
+        self.pending = self.rows[-1]
+
+    def accept(self, n_accepted: int) -> None:
+        self.pending = self.rows[min(n_accepted, len(self.rows) - 1)]
+
+    def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
+        ctx, b = self.ctx, self.batch
+        out: list[int] = []
+        tok, h = id_last, self.pending
+        while len(out) < n_max:
+            b.clear()
+            b.add_embedding(h, pos0, output=True, token=tok)
+            ctx.decode(b)
+            logits = ctx.logits(0)
+            tok = int(logits.argmax())
+            if top10_prob(logits, tok) < self.p_min:
+                break
+            out.append(tok)
+            h = ctx.embeddings_nextn_ith(0, self.width).copy()
+        return out if len(out) >= self.n_min else []
+
+    def close(self) -> None:
+        target = getattr(self, "target", None)
+        if target is not None and not target.ctx.closed:
+            target.ctx.set_embeddings_nextn(False, False)
+        for name in ("batch", "ctx", "model"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
