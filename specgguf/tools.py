@@ -43,8 +43,8 @@ def check_tools(value) -> list[dict]:
                                param=f"tools[{i}]", code="invalid_value")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise RequestError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-' (got {name!r})"[:200],
-                               param=f"tools[{i}].function.name", code="invalid_value")
+            raise RequestError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-' "
+                               f"(got {name!r})"[:200], param=f"tools[{i}].function.name", code="invalid_value")
         if name in names:
             raise RequestError(f"tools[{i}]: the function name {name!r} is given twice", param=f"tools[{i}]",
                                code="invalid_value")
