@@ -72,13 +72,16 @@ class SpecGGUF:
     """
 
     def __init__(self, target=None, draft: str | None = None, draft_max: int | str = "auto", n_ctx: int = 4096,
-                 n_threads: int | None = None, n_gpu_layers: int = 0, verbose: bool = False, **draft_options):
+                 n_threads: int | None = None, n_gpu_layers: int = 0, verbose: bool = False,
+                 rpc_servers: str | list[str] | None = None, **draft_options):
         native.set_verbose(verbose)
         if target is None:
             from .defaults import default_target
 
             target = default_target()
-        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        # rpc_servers: 'HOST:PORT,...' of llama.cpp RPC servers holding the offloaded layers (README: Scale-out)
+        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                             rpc_servers=rpc_servers)
         self.drafter = None
         try:
             if draft is not None:

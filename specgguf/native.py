@@ -170,10 +170,14 @@ class _Owned:
 class Model(_Owned):
     """A loaded GGUF model (weights and vocabulary)."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False):
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
+                 devices: list[int] | None = None):
         params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.vocab_only = bool(vocab_only)
+        if devices is not None:  # where offloaded layers go (None: every GPU llama.cpp finds)
+            self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+            params.devices = ctypes.addressof(self._devices)
         self.path = os.fspath(path)
         ptr = C.llama_model_load_from_file(self.path.encode(), params)
         if not ptr:
@@ -592,3 +596,73 @@ def library_path() -> str:
     """The libllama file this process loaded (profiles are keyed by it: a rebuilt library,
     CPU or GPU, has other costs)."""
     return getattr(_lib, "_name", "") or ""
+
+
+# --------------------------------------------------------------------------------------
+# RPC devices: llama.cpp's RPC backend (a GGML_RPC build) and `ggml-rpc-server` processes
+# on other machines. specgguf/rpc.py greets each server first: llama.cpp aborts on one it
+# cannot reach.
+# --------------------------------------------------------------------------------------
+
+_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type
+
+
+def supports_rpc() -> bool:
+    """True when the loaded libllama was built with GGML_RPC."""
+    return bool(C.llama_supports_rpc())
+
+
+def _ggml(name: str, argtypes, restype):
+    fn = getattr(_lib, name, None)
+    if fn is None:
+        raise LlamaError(f"the loaded libllama does not export {name}; specgguf needs llama-cpp-python==0.3.36")
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+def rpc_devices(endpoints: list[str]) -> list[int]:
+    """The devices of the RPC servers at `endpoints` (HOST:PORT), in order, as handles for
+    `Model(devices=...)`. They are not registered globally, so a draft model stays local."""
+    reg = _ggml("ggml_backend_reg_by_name", [ctypes.c_char_p], ctypes.c_void_p)(b"RPC")
+    if not reg:
+        raise LlamaError("the loaded libllama has no RPC backend (it was built without GGML_RPC)")
+    addr = _ggml("ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p],
+                 ctypes.c_void_p)(reg, b"ggml_backend_rpc_add_server")
+    if not addr:
+        raise LlamaError("the loaded libllama's RPC backend has no ggml_backend_rpc_add_server")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(addr)
+    count = _ggml("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
+    get = _ggml("ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p)
+    _exit_on_abort()
+    devices = []
+    for endpoint in endpoints:
+        server = add_server(endpoint.encode())
+        if not server or not count(server):
+            raise UserError(f"RPC server {endpoint} offers no devices", param="rpc_servers")
+        devices += [get(server, i) for i in range(count(server))]
+    return devices
+
+
+def local_gpu_devices() -> list[int]:
+    """This machine's GPUs as llama.cpp picks them by default: discrete ones, else integrated."""
+    n = _ggml("ggml_backend_dev_count", [], ctypes.c_size_t)()
+    get = _ggml("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
+    kind = _ggml("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
+    devs = [get(i) for i in range(n)]
+    gpus = [d for d in devs if kind(d) == _DEV_GPU]
+    return gpus or [d for d in devs if kind(d) == _DEV_IGPU][:1]
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+def _on_abort(message):  # pragma: no cover - runs only when llama.cpp gives up
+    text = " ".join((message or b"").decode("utf-8", "replace").split())
+    hint = " (an RPC server stopped or the network failed: restart it and run again)" if "RPC" in text else ""
+    sys.stderr.write(f"error: llama.cpp stopped: {text}{hint}\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def _exit_on_abort() -> None:
+    """With RPC devices, a server that goes away mid-run makes llama.cpp abort the process
+    from its network thread; end it with one line and exit code 3 instead of a core dump."""
+    _ggml("ggml_set_abort_callback", [ctypes.c_void_p], ctypes.c_void_p)(ctypes.cast(_on_abort, ctypes.c_void_p))

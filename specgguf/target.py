@@ -14,13 +14,37 @@ class BusyError(UserError, RuntimeError):
     (another thread's generation is waited for instead)."""
 
 
+def offload_devices(rpc_servers, n_gpu_layers: int) -> list[int] | None:
+    """Where offloaded target layers go: None (llama.cpp's choice: this machine's GPUs), or the
+    devices of the llama.cpp RPC servers in `rpc_servers` ('HOST:PORT,...') followed by this
+    machine's GPUs, as llama.cpp's own --rpc orders them. Every server is greeted first
+    (specgguf/rpc.py): llama.cpp would abort the process on one it cannot reach."""
+    if rpc_servers is None:
+        return None
+    from . import rpc
+    from .building import command
+
+    endpoints = rpc.parse_endpoints(rpc_servers)
+    if not native.supports_rpc():
+        raise UserError(f"this llama.cpp build has no RPC backend (GGML_RPC): build one with "
+                        f"`{command(patched=False, rpc=True)}` (add --patched for DeepSpec Eagle3 drafts)",
+                        param="rpc_servers")
+    if n_gpu_layers == 0:
+        raise UserError("n_gpu_layers is 0, so no target layer would go to the RPC servers: give the number "
+                        "of layers to offload (99 = all)", param="n_gpu_layers")
+    for endpoint in endpoints:
+        rpc.greet(endpoint)
+    return native.rpc_devices(endpoints) + native.local_gpu_devices()
+
+
 class Target:
     """A target GGUF with one context and one batch; owns all three (close() frees them)."""
 
     def __init__(self, path, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, info: GGUFInfo | None = None):
+                 n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None):
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
-        self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)
+        self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers,
+                                  devices=offload_devices(rpc_servers, n_gpu_layers))
         try:
             n_ctx = min(int(n_ctx), self.info.n_ctx_train or int(n_ctx))
             self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)

@@ -48,6 +48,9 @@ def model_options(f):
         click.option("--threads", "n_threads", type=int, default=None, help="CPU threads (default: all usable)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
                      help="Layers offloaded to the GPU (CUDA/Metal builds; 99 = all)."),
+        click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                     help="llama.cpp RPC servers (ggml-rpc-server) that hold the --gpu-layers target layers "
+                          "(a build with RPC: specgguf build-llama --rpc)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     for opt in reversed(options):
@@ -68,7 +71,7 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          **_):
+          rpc_servers=None, **_):
     from ..api import SpecGGUF
 
     n = parse_draft_max(draft_max)
@@ -83,7 +86,8 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
     if draft is None and draft_kind == "ngram":
         draft = "ngram"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
-                    n_gpu_layers=n_gpu_layers, verbose=verbose, kind=draft_kind, p_min=draft_p_min)
+                    n_gpu_layers=n_gpu_layers, verbose=verbose, kind=draft_kind, p_min=draft_p_min,
+                    rpc_servers=rpc_servers)
 
 
 def sampling_options(f):
