@@ -83,33 +83,32 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.logit_bias, dict):
             object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
-        # Messages name the CLI flags: that is where a user meets them.
-        def bad(flag, value, want):
-            raise UserError(f"--{flag} must be {want} (got {value!r})")
+        # Messages name the Python argument (`param`); the CLI shows its flag instead.
+        def bad(name, value, want):
+            raise UserError(f"{name} must be {want} (got {value!r})", param=name)
 
-        def number(flag, value, integer=False):
+        def number(name, integer=False):
+            value = getattr(self, name)
             ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float, np.number))
             if isinstance(value, bool) or not ok or (not integer and not np.isfinite(value)):
-                bad(flag, value, "a whole number" if integer else "a finite number")
+                bad(name, value, "a whole number" if integer else "a finite number")
 
-        for flag, name in (("temperature", "temperature"), ("top-p", "top_p"), ("min-p", "min_p"),
-                           ("repeat-penalty", "repeat_penalty"), ("presence-penalty", "presence_penalty"),
-                           ("frequency-penalty", "frequency_penalty")):
-            number(flag, getattr(self, name))
-        for flag, name in (("top-k", "top_k"), ("penalty-last-n", "penalty_last_n")):
-            number(flag, getattr(self, name), integer=True)
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            number(name)
+        for name in ("top_k", "penalty_last_n"):
+            number(name, integer=True)
         if self.temperature < 0:
             bad("temperature", self.temperature, ">= 0, 0 = greedy")
         if self.top_k < 0:
-            bad("top-k", self.top_k, ">= 0, 0 = off")
+            bad("top_k", self.top_k, ">= 0, 0 = off")
         if not 0 < self.top_p <= 1:
-            bad("top-p", self.top_p, "in (0, 1], 1 = off")
+            bad("top_p", self.top_p, "in (0, 1], 1 = off")
         if not 0 <= self.min_p <= 1:
-            bad("min-p", self.min_p, "in [0, 1], 0 = off")
+            bad("min_p", self.min_p, "in [0, 1], 0 = off")
         if self.repeat_penalty <= 0:
-            bad("repeat-penalty", self.repeat_penalty, "> 0, 1 = off")
+            bad("repeat_penalty", self.repeat_penalty, "> 0, 1 = off")
         if self.penalty_last_n < -1:
-            bad("penalty-last-n", self.penalty_last_n, ">= -1, -1 = the whole text, 0 = off")
+            bad("penalty_last_n", self.penalty_last_n, ">= -1, -1 = the whole text, 0 = off")
         if self.seed is not None:
             try:
                 keyed.check_seed(self.seed)
@@ -141,9 +140,10 @@ class SamplingParams:
 class Dist:
     """A distribution over a support: p(ids[j]) is proportional to exp(z[j] * scale).
 
-    ids None: the whole vocabulary (z then is the logits array itself, not a copy). Sparse
-    supports keep float64 logits of the kept tokens only. Probabilities are computed when
-    asked for (the ratio rule, logprobs, tests); drawing a token needs none of them.
+    ids None: the whole vocabulary (z then is the logits array itself, not a copy: valid
+    until the next decode overwrites llama.cpp's logits; `kept()` makes a Dist that outlives
+    it). Sparse supports keep float64 logits of the kept tokens only. Probabilities are
+    computed when asked for (the ratio rule, logprobs, tests); drawing a token needs none.
     """
 
     __slots__ = ("ids", "z", "scale", "_p", "_order")
@@ -163,6 +163,13 @@ class Dist:
         ids = np.flatnonzero(p > 0)
         with np.errstate(divide="ignore"):
             return cls(ids, np.log(p[ids]))
+
+    def kept(self) -> "Dist":
+        """This distribution, independent of the logits buffer it may view (ratio keeps q
+        across the draft's later decodes)."""
+        if self.ids is None and self.z.base is not None:
+            return Dist(None, self.z.copy(), self.scale)
+        return self
 
     def __len__(self) -> int:
         return len(self.z)
@@ -316,7 +323,7 @@ class Sampler:
             return self.dist(logits, recent).sample(self.noise, pos, keyed.TARGET), None
         if rule == "ratio":
             q = self.dist(logits, recent)
-            return q.sample(self.noise, pos, keyed.DRAFT), q
+            return q.sample(self.noise, pos, keyed.DRAFT), q.kept()
         return self.argmax(logits, recent), None
 
 

@@ -27,10 +27,15 @@ from test_cli import assert_one_line_error
     (dict(temperature="hot"), "--temperature"),
 ])
 def test_bad_settings_raise_one_line(bad, flag):
+    """The Python error names the argument; the command line shows the flag instead."""
+    from specgguf.cli.options import flag_message
+
     with pytest.raises(UserError) as exc:
         SamplingParams(**bad)
+    name = next(iter(bad))
     msg = str(exc.value)
-    assert msg.startswith(flag) and "\n" not in msg
+    assert msg.startswith(name) and exc.value.param == name and "\n" not in msg
+    assert flag_message(exc.value).startswith(flag)
 
 
 def test_rule_resolution():
