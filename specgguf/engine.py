@@ -123,10 +123,10 @@ class Generation:
             self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
-        self._it = self._run()
         # on_verified(ctx, ids): called once a round with the committed ids; row i of the target's
         # logits is the one ids[i] was chosen from (logprobs.py reads them there)
         self.on_verified = None
+        self._it = self._run()
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -283,9 +283,9 @@ class Generation:
                 else:
                     ids = self._verify(history, id_last, draft, qs)
                 t2 = clock()
-                if drafter is not None:
                 if self.on_verified is not None:
                     self.on_verified(ctx, ids)
+                if drafter is not None:
                     drafter.process(verify, pos0)
                 k = len(ids) - 1
                 if drafter is not None:

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""The measuring half of scripts/gpu_check.sh (run it through that script, which builds the
+libraries and sets LLAMA_CPP_LIB_PATH): real-shaped synthetic models, then one table and JSON.
+
+Models (random weights, written straight in their quantised block formats, so an 8B-shaped
+file takes seconds, not a quantisation run): a Qwen3-8B-shaped target (36 layers, width
+4096, 32/8 heads of 128, FFN 12288, Q4_K blocks with a Q6_K output head like Q4_K_M) with
+the real vocabulary size, 151936 tokens, and a DeepSpec-shaped DSpark draft for it (5 layers,
+reads target layers 2,10,18,26,34, block 7, Markov rank 256, confidence head, Q8_0, the
+target's embeddings and head shared). --small shrinks the widths and depths, never the
+vocabulary. Random weights measure costs; acceptance is whatever such models give, identical
+on both sides of each comparison.
+
+Measured, greedy, both sides on the same libllama:
+  plain      specgguf tokens/s without a draft
+  verify     ms per target batch of width 1..64 (the verify-cost curve)
+  ngram      specgguf prompt lookup vs llama-speculative-simple --spec-type ngram-simple
+  dspark     specgguf vs llama-speculative-simple --spec-type draft-dspark, same draft file
+per fixed draft length: tokens/s of each side, their ratio, acceptance, and the Python time
+per round (time outside llama_process per round, in microseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import cpp_baseline  # noqa: E402  (runs and parses llama-speculative-simple)
+
+from specgguf import native  # noqa: E402
+from specgguf.drafters import make_drafter  # noqa: E402
+from specgguf.engine import Engine  # noqa: E402
+from specgguf.synthetic import SPECIALS, train_bpe  # noqa: E402
+from specgguf.target import Target  # noqa: E402
+
+N_VOCAB = 151936  # Qwen3's
+FULL = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288,
+            draft_layers=5, target_layers=(2, 10, 18, 26, 34), markov_rank=256)
+SMALL = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+             draft_layers=1, target_layers=(1, 2, 3), markov_rank=32)
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+PROMPT = ("Copy the list exactly.\n1. red green blue\n2. one two three\n3. alpha beta gamma\n"
+          "1. red green blue\n2. one two three\n3. alpha beta gamma\n1. red green blue\n2. one")
+
+
+# -- model files --------------------------------------------------------------------------
+
+def _blocks(kind: str, rng, rows: int, cols: int, block: int, nbytes: int, d_at: int, d: float, dmin_at=None,
+            dmin=0.0):
+    """`rows` x `cols` weights as random quantised blocks of GGML type `kind` (`nbytes` bytes per
+    `block` values) with the block scale(s) set to `d` (and `dmin`): a page of random blocks,
+    repeated. Returns (bytes as uint8 rows, kind)."""
+    n = rows * cols // block
+    page = rng.integers(0, 256, size=(min(n, 8192), nbytes), dtype=np.uint8)
+    page[:, d_at:d_at + 2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    if dmin_at is not None:
+        page[:, dmin_at:dmin_at + 2] = np.frombuffer(np.float16(dmin).tobytes(), np.uint8)
+    return np.resize(page, (n, nbytes)).reshape(rows, cols // block * nbytes), kind
+
+
+def _q4_k(rng, rows, cols, std):  # d*sc*q - dmin*m, sc, m < 64, q < 16: centred, std ~ 250 d
+    d = std / 250
+    return _blocks("Q4_K", rng, rows, cols, 256, 144, 0, d, 2, 7.5 * d)
+
+
+def _q6_k(rng, rows, cols, std):  # d*sc*(q-32), int8 sc: std ~ 1300 d
+    return _blocks("Q6_K", rng, rows, cols, 256, 210, 208, std / 1300)
+
+
+def _q8_0(rng, rows, cols, std):  # d*q, int8 q: std ~ 74 d
+    return _blocks("Q8_0", rng, rows, cols, 32, 34, 0, std / 74)
+
+
+def _tokenizer(w) -> None:
+    """A byte-level BPE (synthetic.train_bpe) padded to the real 151936 tokens with tokens no
+    merge produces; their texts use the byte alphabet, so any of them detokenizes."""
+    base, merges = train_bpe(250)
+    n_fill = N_VOCAB - len(base) - len(SPECIALS)
+    tokens = base + [f"\u0120\u0120{i}" for i in range(n_fill)] + SPECIALS
+    assert len(set(tokens)) == N_VOCAB
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (N_VOCAB - len(SPECIALS)) + [3] * len(SPECIALS))
+    w.add_token_merges(merges)
+    eos = tokens.index("<|endoftext|>")
+    w.add_eos_token_id(eos)
+    w.add_bos_token_id(eos)
+    w.add_add_bos_token(False)
+    w.add_mask_token_id(tokens.index("<|mask|>"))
+
+
+def _common_keys(w, s: dict, n_layer: int) -> None:
+    w.add_context_length(40960)
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0)
+    _tokenizer(w)
+
+
+def _layers(t: dict, rng, s: dict, n_layer: int, quant) -> None:
+    H, hd, I = s["n_embd"], s["head_dim"], s["n_ff"]
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"], t[p + "ffn_norm.weight"] = ones(H), ones(H)
+        t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"] = ones(hd), ones(hd)
+        t[p + "attn_q.weight"] = quant(rng, s["n_head"] * hd, H, H ** -0.5)
+        t[p + "attn_k.weight"] = quant(rng, s["n_head_kv"] * hd, H, H ** -0.5)
+        t[p + "attn_v.weight"] = quant(rng, s["n_head_kv"] * hd, H, H ** -0.5)
+        t[p + "attn_output.weight"] = quant(rng, H, s["n_head"] * hd, (s["n_head"] * hd) ** -0.5)
+        t[p + "ffn_gate.weight"] = quant(rng, I, H, H ** -0.5)
+        t[p + "ffn_up.weight"] = quant(rng, I, H, H ** -0.5)
+        t[p + "ffn_down.weight"] = quant(rng, H, I, I ** -0.5)
+
+
+def _write(w, t: dict, path: Path) -> Path:
+    import gguf
+
+    for name, v in t.items():
+        if isinstance(v, tuple):  # quantised blocks
+            w.add_tensor(name, v[0], raw_dtype=gguf.GGMLQuantizationType[v[1]])
+        else:
+            w.add_tensor(name, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+
+def write_target(path: Path, s: dict, seed: int = 0) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name("synthetic-qwen3-8b-shape")
+    _common_keys(w, s, s["n_layer"])
+    w.add_file_type(15)  # MOSTLY_Q4_K_M
+    H = s["n_embd"]
+    t = {"token_embd.weight": _q4_k(rng, N_VOCAB, H, 1.0), "output_norm.weight": np.ones(H, np.float32),
+         "output.weight": _q6_k(rng, N_VOCAB, H, H ** -0.5)}
+    _layers(t, rng, s, s["n_layer"], _q4_k)
+    return _write(w, t, path)
+
+
+def write_dspark(path: Path, s: dict, seed: int = 1) -> Path:
+    """DeepSpec's DSpark layout as `specgguf convert --head shared` writes it (docs/gguf-formats.md)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name("synthetic-dspark-8b-shape")
+    _common_keys(w, s, s["draft_layers"])
+    w.add_file_type(7)  # MOSTLY_Q8_0
+    w.add_array("dflash.target_layers", list(s["target_layers"]))
+    w.add_uint32("dflash.block_size", 7)
+    w.add_bool("dflash.sample_from_anchor", True)
+    w.add_bool("dflash.has_confidence_head", True)
+    H, R, K = s["n_embd"], s["markov_rank"], len(s["target_layers"])
+    t = {"fc.weight": _q8_0(rng, H, K * H, (K * H) ** -0.5), "enc.output_norm.weight": np.ones(H, np.float32),
+         "output_norm.weight": np.ones(H, np.float32),
+         "markov_w1.weight": rng.standard_normal((N_VOCAB, R)).astype(np.float16),
+         "markov_w2.weight": (rng.standard_normal((N_VOCAB, R)) * R ** -0.5).astype(np.float16),
+         "conf_proj.weight": (rng.standard_normal((1, H + R)) * (H + R) ** -0.5).astype(np.float32),
+         "conf_proj.bias": np.array([0.5], np.float32)}
+    _layers(t, rng, s, s["draft_layers"], _q8_0)
+    return _write(w, t, path)
+
+
+# -- measurements -------------------------------------------------------------------------
+
+class DecodeTimer:
+    """Wall time inside llama_process (Context.decode), on every context."""
+
+    def __init__(self):
+        self.seconds, self._orig = 0.0, native.Context.decode
+
+    def __enter__(self):
+        orig, timer = self._orig, self
+
+        def timed(ctx, batch):
+            t0 = time.perf_counter()
+            try:
+                return orig(ctx, batch)
+            finally:
+                timer.seconds += time.perf_counter() - t0
+
+        native.Context.decode = timed
+        return self
+
+    def __exit__(self, *exc):
+        native.Context.decode = self._orig
+
+
+def run_ours(target, drafter, n: int, tokens, max_tokens: int) -> dict:
+    with DecodeTimer() as timer:
+        gen = Engine(target, drafter, n).generate(tokens, max_tokens)
+        for _ in gen:
+            pass
+    s = gen.stats
+    rounds = max(s.rounds, 1)
+    return {"tokens": s.generated_tokens, "rounds": s.rounds, "decode_s": s.decode_s,
+            "tokens_per_second": s.generated_tokens / s.decode_s if s.decode_s > 0 else 0.0,
+            "accept": s.accepted / s.drafted if s.drafted else 0.0,
+            "python_us_per_round": 1e6 * max(s.decode_s - (timer.seconds - s.prefill_s), 0.0) / rounds}
+
+
+def verify_curve(target, tokens, widths, repeats: int) -> dict:
+    """ms per target decode of `w` tokens with logits for all (a verification batch)."""
+    ctx, batch = target.ctx, target.batch
+    ctx.clear()
+    batch.clear().add_tokens(tokens, 0, "last")
+    ctx.decode(batch)
+    pos, out = len(tokens), {}
+    for w in widths:
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            batch.clear().add_tokens([tokens[i % len(tokens)] for i in range(w)], pos, "all")
+            t0 = time.perf_counter()
+            ctx.decode(batch)
+            ctx.logits(w - 1)  # waits for the result
+            times.append(time.perf_counter() - t0)
+            ctx.seq_rm(pos)
+        out[w] = 1e3 * statistics.median(times[1:])
+    ctx.clear()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="small widths and depths (the CPU rehearsal)")
+    ap.add_argument("--gpu-layers", type=int, default=99)
+    ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per run (default 128; --small: 24)")
+    ap.add_argument("--lengths", default=None, help="draft lengths (default 2,4,8; --small: 4)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per setting, best counts (default 2; --small: 1)")
+    ap.add_argument("--build-seconds", type=float, default=None, help="recorded in the JSON (gpu_check.sh)")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--out", default="bench/gpu_check.json")
+    ap.add_argument("--backend", default="cuda", help="label for the table (the build decides)")
+    args = ap.parse_args()
+    shape = SMALL if args.small else FULL
+    args.tokens = args.tokens or (24 if args.small else 128)
+    args.lengths = args.lengths or ("4" if args.small else "2,4,8")
+    args.repeat = args.repeat or (1 if args.small else 2)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="specgguf-gpucheck-"))
+    result = {"backend": args.backend, "small": args.small, "shape": {k: list(v) if isinstance(v, tuple) else v
+                                                                    for k, v in shape.items()},
+              "n_vocab": N_VOCAB, "tokens": args.tokens, "threads": args.threads, "gpu_layers": args.gpu_layers,
+              "library": native.library_path(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+              "timings_s": {"build": args.build_seconds}, "rows": []}
+    t0 = time.perf_counter()
+    tpath, dpath = write_target(work / "target-q4_k_m.gguf", shape), write_dspark(work / "dspark-q8_0.gguf", shape)
+    result["timings_s"]["write_models"] = time.perf_counter() - t0
+    result["model_mb"] = {"target": tpath.stat().st_size / 1e6, "draft": dpath.stat().st_size / 1e6}
+    print(f"models: target {result['model_mb']['target']:.0f} MB, draft {result['model_mb']['draft']:.0f} MB "
+          f"in {result['timings_s']['write_models']:.1f} s", file=sys.stderr, flush=True)
+    try:
+        t0 = time.perf_counter()
+        target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+        result["timings_s"]["load_target"] = time.perf_counter() - t0
+        tokens = target.tokenize(PROMPT)
+        result["prompt_tokens"] = len(tokens)
+        run_ours(target, None, 1, tokens, 8)  # warm-up
+        plain = max((run_ours(target, None, 1, tokens, args.tokens) for _ in range(args.repeat)),
+                    key=lambda r: r["tokens_per_second"])
+        result["plain_tokens_per_second"] = plain["tokens_per_second"]
+        result["plain_python_us_per_token"] = plain["python_us_per_round"]
+        result["verify_ms"] = verify_curve(target, tokens, WIDTHS, args.repeat)
+        gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
+        kinds = [("ngram", "ngram", "ngram-simple", None), ("dspark", str(dpath), "draft-dspark", dpath)]
+        for kind, spec, cpp_type, cpp_draft in kinds:
+            drafter = make_drafter(spec, target, draft_max=max(lengths), n_threads=args.threads)
+            try:
+                for n in lengths:
+                    extra = gpu + (["--spec-ngram-simple-size-m", str(n)] if kind == "ngram" else [])
+                    best_cpp = best_ours = None
+                    for _ in range(args.repeat):
+                        cpp = cpp_baseline.run_speculative_simple(
+                            tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
+                            threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work, extra_args=extra)
+                        if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
+                            best_cpp = cpp
+                        ours = run_ours(target, drafter, n, tokens, args.tokens)
+                        if best_ours is None or ours["tokens_per_second"] > best_ours["tokens_per_second"]:
+                            best_ours = ours
+                    cpp_tps = best_cpp.tokens_per_second
+                    row = {"kind": kind, "draft_max": n, "ours_tokens_per_second": best_ours["tokens_per_second"],
+                           "cpp_tokens_per_second": cpp_tps,
+                           "ratio": best_ours["tokens_per_second"] / cpp_tps if cpp_tps else None,
+                           "ours_accept": best_ours["accept"],
+                           "cpp_accept": best_cpp.n_accept / best_cpp.n_drafted if best_cpp.n_drafted else 0.0,
+                           "ours_rounds": best_ours["rounds"], "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept,
+                           "python_us_per_round": best_ours["python_us_per_round"]}
+                    result["rows"].append(row)
+                    print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s, "
+                          f"C++ {cpp_tps:.1f} tok/s", file=sys.stderr, flush=True)
+            finally:
+                drafter.close()
+        target.close()
+    finally:
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+    _print(result)
+    out = Path(args.out) if os.path.isabs(args.out) else ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+def _print(r: dict) -> None:
+    s = r["shape"]
+    print(f"specgguf gpu_check ({r['backend']}{', small' if r['small'] else ''}): target qwen3 "
+          f"{s['n_layer']}x{s['n_embd']} Q4_K_M, vocab {r['n_vocab']}; dspark {s['draft_layers']} layers Q8_0; "
+          f"{r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; {r['machine']}")
+    print(f"plain: {r['plain_tokens_per_second']:.1f} tok/s (Python {r['plain_python_us_per_token']:.0f} us/token)")
+    print("verify ms by width: " + "  ".join(f"{w}:{ms:.2f}" for w, ms in r["verify_ms"].items()))
+    header = f"{'kind':7} {'n':>2} {'ours tok/s':>10} {'C++ tok/s':>10} {'ratio':>6} {'accept ours/C++':>16} {'py us/round':>11}"
+    print(header)
+    print("-" * len(header))
+    for row in r["rows"]:
+        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+        print(f"{row['kind']:7} {row['draft_max']:>2} {row['ours_tokens_per_second']:10.1f} "
+              f"{row['cpp_tokens_per_second']:10.1f} {ratio:>6} "
+              f"{100 * row['ours_accept']:7.0f}%/{100 * row['cpp_accept']:3.0f}%    {row['python_us_per_round']:11.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""scripts/gpu_check.sh end to end on the CPU (--cpu --small): the rehearsal of the one-try GPU
+check. It reuses the C++ tools build (scripts/build_llama_cpp_tools.sh; no compile of its own),
+writes the real-shaped synthetic models at small widths with the real 151936-token vocabulary,
+and must produce the table's JSON with every measurement in it. Timing values are not judged
+(benchmarks are not tests); their presence and sanity are."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import cpp_baseline
+
+ROOT = cpp_baseline.REPO
+
+
+def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
+    cpp_baseline.require_tool()
+    out = tmp_path / "gpu_check.json"
+    env = dict(os.environ, PYTHON=sys.executable, CMAKE_ARGS="", SPECGGUF_GPU_CARRY=str(tmp_path / "no-carry"),
+               TMPDIR=str(tmp_path))  # the models are written to a temporary folder there
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", "--small", "--threads", "2",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["small"] and r["backend"] == "cpu" and r["n_vocab"] == 151936
+    assert os.path.dirname(os.path.realpath(r["library"])) == os.path.realpath(cpp_baseline.lib_dir())
+    assert r["plain_tokens_per_second"] > 0
+    assert [int(w) for w in r["verify_ms"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert all(ms > 0 for ms in r["verify_ms"].values())
+    assert {row["kind"] for row in r["rows"]} == {"ngram", "dspark"}
+    for row in r["rows"]:
+        assert row["ours_tokens_per_second"] > 0 and row["cpp_tokens_per_second"] > 0, row
+        assert row["ratio"] > 0 and row["python_us_per_round"] > 0, row
+    # the printed table carries the same numbers
+    assert "ratio" in proc.stdout and "verify ms by width" in proc.stdout and "plain:" in proc.stdout
+    assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"
