@@ -209,10 +209,6 @@ class Model(_Owned):
         n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
-    def chat_template(self) -> str | None:
-        tmpl = C.llama_model_chat_template(self.ptr, None)
-        return tmpl.decode("utf-8", "replace") if tmpl else None
-
     def metadata(self) -> dict[str, str]:
         """Every metadata key with its value as text, as llama.cpp renders it (what
         llama_cpp.Llama.metadata holds)."""
@@ -235,6 +231,10 @@ class Model(_Owned):
                 return buf.value.decode("utf-8", "replace")
             size = n + 1
 
+    def chat_template(self) -> str | None:
+        tmpl = C.llama_model_chat_template(self.ptr, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
     @cached_property
     def target_layer_ids(self) -> list[int]:
         """Target layers an eagle3/dflash draft reads ([] for ordinary models)."""
@@ -243,7 +243,10 @@ class Model(_Owned):
         return [ids[i] for i in range(n)] if n and ids else []
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # front ends refuse this first, naming their argument
+            raise UserError(f"the text is not valid UTF-8: character {exc.start} is a lone surrogate") from None
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
@@ -311,7 +314,8 @@ class Context(_Owned):
         if ctx_other is not None:
             self._adopt_by(ctx_other)  # a draft context reads the target's: freed before it
         self._mem = C.llama_get_memory(ptr)
-        self.n_ctx = C.llama_n_ctx(ptr)
+        # llama.cpp pads the cache (to 256 cells): the context honours the size asked for
+        self.n_ctx = min(int(n_ctx), C.llama_n_ctx(ptr))
         self.n_batch = C.llama_n_batch(ptr)
         self.n_ubatch = C.llama_n_ubatch(ptr)
         self.n_vocab = model.n_vocab
