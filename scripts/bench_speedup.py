@@ -13,9 +13,15 @@ SpecGGUF. For the side-by-side with llama.cpp and llama-cpp-python, see bench_si
     python scripts/bench_speedup.py --sampling [--skip-greedy] [--sampling-draft-max 4]
 
 --sampling adds a second table: at T = 0.7 and T = 1.0 (top-p 0.95, one fixed seed per
-prompt), plain sampled decoding and each drafter under the `exact` rule (llama.cpp's: sample
-the target, keep a draft token on a match) and the `ratio` rule (min(1, p/q), residual
-resampling). The speedup of a sampled row is over plain sampling at the same temperature.
+prompt), plain sampled decoding and the drafters of --sampling-drafters (default: the model
+draft) under the `exact` rule (llama.cpp's: greedy drafts, kept while they equal the
+target's keyed sample), the `coupled` rule (the draft samples with the target's noise) and
+the `ratio` rule (min(1, p/q), residual resampling); then the same for a DSpark draft on a
+synthetic qwen3 target (Gemma 3 has no layer-input graph for hidden-state drafts): a
+counting target with noisy weights, so that its successor rule holds with probability
+well below 1, and a DSpark draft that knows the rule. The speedup of a sampled row is over
+plain sampling at the same temperature; `same` says whether the text equals plain
+sampling's with the same seed (it must for exact and coupled, up to near-ties on Q4_K_M).
 """
 
 from __future__ import annotations
@@ -91,32 +97,60 @@ def run(llm: SpecGGUF, engine: Engine, prompts: list[str], max_tokens: int, samp
 SAMPLING = {"T0.7": dict(temperature=0.7, top_p=0.95), "T1.0": dict(temperature=1.0, top_p=0.95)}
 
 
-def sampling_rows(llm: SpecGGUF, drafters: dict, max_tokens: int, n: int) -> list[dict]:
+RULES = ("exact", "coupled", "ratio")
+
+
+def sampling_rows(llm: SpecGGUF, drafters: dict, max_tokens: int, n: int, prompt_sets=None) -> list[dict]:
     """Plain sampling, then each drafter under each rule, at each temperature, per prompt set."""
     rows = []
-    for set_name, prompts in PROMPTS.items():
+    for set_name, prompts in (prompt_sets or PROMPTS).items():
         for label, settings in SAMPLING.items():
             base = run(llm, Engine(llm.target, None), prompts, max_tokens, settings)
             rows.append({"set": set_name, "sampling": label, "drafter": "plain", "accept": "-", "draft_max": 0,
                          **base, "speedup": 1.0})
             for name, drafter in drafters.items():
-                for accept in ("exact", "ratio"):
+                for accept in RULES:
                     res = run(llm, Engine(llm.target, drafter, n), prompts, max_tokens, {**settings, "accept": accept})
                     res["speedup"] = res["tokens_per_second"] / base["tokens_per_second"]
+                    res["identical_to_plain"] = res["outputs"] == base["outputs"]
                     rows.append({"set": set_name, "sampling": label, "drafter": name, "accept": accept,
                                  "draft_max": n, **res})
     return rows
 
 
+def dspark_sampling_rows(max_tokens: int, n: int, threads: int | None) -> list[dict]:
+    """The sampled rows for a DSpark draft, on a synthetic qwen3 pair built on the spot."""
+    import shutil
+    import tempfile
+
+    from specgguf.synthetic import QwenShape, write_dflash, write_qwen3
+
+    tmp = Path(tempfile.mkdtemp(prefix="specgguf-bench-dspark-"))
+    try:
+        target = write_qwen3(tmp / "target.gguf", QwenShape(), seed=0, counting=True, perturb=1.4)
+        draft = write_dflash(tmp / "dspark.gguf", markov=True, confidence=True, counting=True)
+        with SpecGGUF(str(target), n_ctx=1024, n_threads=threads) as syn:
+            drafter = make_drafter(str(draft), syn.target, draft_max=n, n_threads=threads)
+            try:
+                rows = sampling_rows(syn, {"dspark": drafter}, max_tokens, n, {"synthetic": PROMPTS["open"]})
+            finally:
+                drafter.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
 def print_sampled(rows: list[dict], n: int) -> None:
     print(f"\nsampled (top-p 0.95, seed = prompt index; draft max {n}; speedup over plain sampling "
-          "at the same temperature)")
-    header = f"{'set':9} {'T':5} {'drafter':8} {'rule':6} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5}"
+          "at the same temperature; same: text equal to plain sampling's)")
+    header = (f"{'set':9} {'T':5} {'drafter':8} {'rule':7} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tau':>5} "
+              f"{'same':>5}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['set']:9} {r['sampling']:5} {r['drafter']:8} {r['accept']:6} {r['tokens_per_second']:7.1f} "
-              f"{r['speedup']:7.2f}x {100 * r['acceptance_rate']:6.0f}% {r['tau']:5.2f}")
+        same = "-" if r["drafter"] == "plain" else ("yes" if r["identical_to_plain"] else "no")
+        print(f"{r['set']:9} {r['sampling']:5} {r['drafter']:8} {r['accept']:7} {r['tokens_per_second']:7.1f} "
+              f"{r['speedup']:7.2f}x {100 * r['acceptance_rate']:6.0f}% {r['tau']:5.2f} {same:>5}")
 
 
 def main() -> int:
@@ -126,8 +160,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per prompt; the fastest counts")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="bench/speedup.json")
-    ap.add_argument("--sampling", action="store_true", help="add the exact vs ratio rows at T = 0.7 and 1.0")
+    ap.add_argument("--sampling", action="store_true",
+                    help="add the exact, coupled and ratio rows at T = 0.7 and 1.0 (model and DSpark drafts)")
     ap.add_argument("--sampling-draft-max", type=int, default=4)
+    ap.add_argument("--sampling-drafters", default="model", help="Gemma drafters of the sampled rows, comma-separated")
     ap.add_argument("--skip-greedy", action="store_true", help="only the sampling rows (with --sampling)")
     args = ap.parse_args()
     lengths = [x if x == "auto" else int(x) for x in args.draft_max.split(",")]
@@ -142,7 +178,9 @@ def main() -> int:
     try:
         run(llm, Engine(llm.target, None), ["Warm-up."], 8)  # first decode pays one-off costs
         if args.sampling:
-            sampled = sampling_rows(llm, drafters, args.max_tokens, args.sampling_draft_max)
+            chosen = {k: drafters[k] for k in args.sampling_drafters.split(",")}
+            sampled = sampling_rows(llm, chosen, args.max_tokens, args.sampling_draft_max)
+            sampled += dspark_sampling_rows(args.max_tokens, args.sampling_draft_max, args.threads)
         for set_name, prompts in (() if args.skip_greedy else PROMPTS.items()):
             base = run(llm, Engine(llm.target, None), prompts, args.max_tokens, repeat=args.repeat)
             rows.append({"set": set_name, "drafter": "plain", "draft_max": 0, **base})

@@ -71,7 +71,7 @@ def test_seeds_out_of_range_are_refused():
     SamplingParams(temperature=1.0, seed=2 ** 64 - 1)
     SamplingParams(temperature=1.0, seed=0)
     for bad in (-1, 2 ** 64, 1.5, True, "7"):
-        with pytest.raises(UserError, match=r"^--seed must be a whole number in \[0, 2\*\*64 - 1\]"):
+        with pytest.raises(UserError, match=r"^seed must be a whole number in \[0, 2\*\*64 - 1\]"):
             SamplingParams(temperature=1.0, seed=bad)
 
 
@@ -121,11 +121,11 @@ def test_same_seed_same_text_with_auto_lengths(drafts, kind, config):
     target, draft = drafts[kind]
     sp = SamplingParams(seed=2024, **SAMPLED[config])
     with SpecGGUF(target, draft=draft, draft_max="auto", n_ctx=512) as llm:
-        runs = [_tokens(llm, sp) for _ in range(5)]
-        other, _ = _tokens(llm, SamplingParams(seed=2025, **SAMPLED[config]))
+        runs = [_tokens(llm, sp, n=40) for _ in range(5)]
+        other, _ = _tokens(llm, SamplingParams(seed=2025, **SAMPLED[config]), n=40)
     texts = {tuple(t) for t, _ in runs}
     assert len(texts) == 1, [s.draft_lengths for _, s in runs]
-    assert len(runs[0][0]) == 48 and other != runs[0][0]
+    assert len(runs[0][0]) == 40 and other != runs[0][0]
 
 
 @pytest.mark.parametrize("draft_max", [1, 4, "auto"])
@@ -133,13 +133,13 @@ def test_same_seed_same_text_with_auto_lengths(drafts, kind, config):
 def test_coupled_output_is_plain_sampling(drafts, kind, draft_max):
     target, draft = drafts[kind]
     with SpecGGUF(target, n_ctx=512) as plain_llm:
-        plain = {(c, seed): _tokens(plain_llm, SamplingParams(seed=seed, **SAMPLED[c]), n=40)[0]
-                 for c in SAMPLED for seed in (1, 2)}
+        plain = {(c, seed): _tokens(plain_llm, SamplingParams(seed=seed, **SAMPLED[c]), n=32)[0]
+                 for seed, c in enumerate(SAMPLED)}
     drafted = accepted = 0
     with SpecGGUF(target, draft=draft, draft_max=draft_max, n_ctx=512) as llm:
         for (c, seed), want in plain.items():
             for accept in ("coupled", "exact"):
-                got, stats = _tokens(llm, SamplingParams(seed=seed, accept=accept, **SAMPLED[c]), n=40)
+                got, stats = _tokens(llm, SamplingParams(seed=seed, accept=accept, **SAMPLED[c]), n=32)
                 assert got == want, (c, seed, accept)
                 drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
     assert drafted > 0 or (kind == "ngram" or draft_max == "auto")
@@ -169,14 +169,69 @@ def test_propose_draws_with_the_targets_noise():
         assert q is None and tok == s.sample(s.dist(logits), pos)  # same logits: the target's own token
 
 
-# -- Gemma (Q4_K_M): the same seed, the same text; where coupled leaves plain, a near-tie -----
+# -- Gemma (Q4_K_M): where batch shapes change the logits, texts part only at near-ties -------
+#
+# On the Q4_K_M Gemma, llama.cpp's CPU backend computes a batch of 4 or more tokens with other
+# matmul kernels (repacked Q4_K GEMM) than 1-3 tokens: the same position's logits then differ
+# by up to ~1.4 (measured; batches of 1-3 are bit-identical). Coupled output depends only on
+# (seed, position, logits), so two runs give the same text whenever their batch shapes agree,
+# and `auto` lengths come from timings. Where two texts part, the test requires a near-tie:
+# the two tokens' Gumbel scores (logit / T + G) within the logit noise of batch shapes.
 
 GEMMA_PROMPT = "Write the numbers from one to forty, separated by commas: one, two, three,"
+GEMMA_NOISE = 1.5  # logit units: the largest batch-shape difference measured, rounded up
+
+
+def _score_gap(llm, prompt, prefix, a, b, sp):
+    """|score(a) - score(b)| at the position after prompt + prefix, from one-token decoding."""
+    ctx, batch = llm.target.ctx, llm.target.batch
+    ctx.clear()
+    batch.clear().add_tokens(prompt[:-1], 0, "none")
+    ctx.decode(batch)
+    for pos, tok in enumerate([prompt[-1], *prefix], start=len(prompt) - 1):
+        batch.clear().add_token(tok, pos, True)
+        ctx.decode(batch)
+    logits = ctx.logits(0).astype(np.float64)
+    g = noise.Noise(sp.seed).gumbel(len(prompt) + len(prefix), noise.TARGET, np.array([a, b]))
+    return abs((logits[a] - logits[b]) / sp.temperature + g[0] - g[1])
+
+
+def _check_same_or_near_tie(llm, runs, sp, prompt):
+    """Every run equals the first, or parts from it at a near-tie after a different schedule."""
+    first, s0 = runs[0]
+    parted = 0
+    for toks, s in runs[1:]:
+        if toks == first:
+            continue
+        j = next(i for i, (x, y) in enumerate(zip(toks, first)) if x != y)
+        assert s.rounds_detail != s0.rounds_detail, "same batch shapes, different text: not a near-tie"
+        gap = _score_gap(llm, prompt, first[:j], first[j], toks[j], sp)
+        assert gap < GEMMA_NOISE / sp.temperature, f"texts part at token {j} with a score gap of {gap:.3f}"
+        parted += 1
+    return parted
 
 
 @pytest.mark.parametrize("config", list(SAMPLED))
-def test_gemma_same_seed_same_text(gemma_path, config):
+@pytest.mark.parametrize("kind", ["ngram", "model"])
+def test_gemma_same_seed_same_text(gemma_path, gemma_draft_path, kind, config):
     sp = SamplingParams(seed=7, **SAMPLED[config])
-    with SpecGGUF(gemma_path, draft="ngram", draft_max="auto", n_ctx=512) as llm:
-        runs = [_tokens(llm, sp, n=40, prompt=GEMMA_PROMPT) for _ in range(5)]
-    assert len({tuple(t) for t, _ in runs}) == 1, [s.draft_lengths for _, s in runs]
+    draft = "ngram" if kind == "ngram" else str(gemma_draft_path)
+    with SpecGGUF(gemma_path, draft=draft, draft_max="auto", n_ctx=512) as llm:
+        prompt = llm.tokenize(GEMMA_PROMPT)
+        runs = [_tokens(llm, sp, n=32, prompt=GEMMA_PROMPT) for _ in range(5)]
+        parted = _check_same_or_near_tie(llm, runs, sp, prompt)
+    print(f"gemma {kind} {config}: {parted} of 4 reruns parted at a near-tie; lengths "
+          f"{[s.draft_lengths[:8] for _, s in runs]}")
+
+
+@pytest.mark.parametrize("draft_max", [1, 4])
+def test_gemma_coupled_equals_plain_up_to_near_ties(gemma_path, gemma_draft_path, draft_max):
+    sp = SamplingParams(seed=3, **SAMPLED["T1.0"])
+    with SpecGGUF(gemma_path, n_ctx=512) as plain_llm:
+        prompt = plain_llm.tokenize(GEMMA_PROMPT)
+        plain = _tokens(plain_llm, sp, n=24, prompt=GEMMA_PROMPT)
+        with SpecGGUF(gemma_path, draft=str(gemma_draft_path), draft_max=draft_max, n_ctx=512) as llm:
+            spec = _tokens(llm, sp, n=24, prompt=GEMMA_PROMPT)
+        parted = _check_same_or_near_tie(plain_llm, [plain, spec], sp, prompt)
+    if draft_max == 1:  # batches of 2: the same kernels as one-token decoding, so the same text
+        assert parted == 0

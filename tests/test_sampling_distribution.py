@@ -13,9 +13,8 @@ and a second draft position are covered.
 
 Negative controls run the same harness with wrong rules and must be rejected: accepting
 every draft token, and resampling a rejection from p instead of the residual max(0, p - q);
-for coupled, accepting every (noise-coupled) draft, and noise that is not keyed by position
-(the same Gumbel values at every position: each token is drawn right, but the second is
-tied to the first).
+for coupled, accepting every (noise-coupled) draft, and a Gumbel-max that forgets the
+temperature.
 """
 
 from __future__ import annotations
@@ -156,11 +155,12 @@ def test_the_test_rejects_wrong_coupled_rules(llm, monkeypatch):
     assert p < 1e-6, (stat, df, p)
 
 
-def test_the_test_rejects_noise_not_keyed_by_position(llm, monkeypatch):
-    kw = CONFIGS["T1.0-top_p"]
-    real_key = noise_mod.Noise.key
-    monkeypatch.setattr(noise_mod.Noise, "key", lambda self, pos, purpose: real_key(self, 0, purpose))
+def test_the_test_rejects_gumbel_max_without_temperature(llm, monkeypatch):
+    kw = CONFIGS["T0.35"]
+    real = noise_mod.gumbel_argmax
+    monkeypatch.setattr(noise_mod, "gumbel_argmax",
+                        lambda z, scale, ids, nz, pos, purpose: real(z, 1.0, ids, nz, pos, purpose))
     pairs, _ = sample_pairs(llm, kw, "coupled", N_SEEDS // 2)
     stat, df, p = chi_square(llm, pairs, kw)
-    print(f"coupled, noise without position: chi2 {stat:.1f} df {df} p {p:.3g}")
+    print(f"coupled, Gumbel-max at T = 1: chi2 {stat:.1f} df {df} p {p:.3g}")
     assert p < 1e-6, (stat, df, p)
