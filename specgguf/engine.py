@@ -75,7 +75,8 @@ class Engine:
                 drafter.chooser = self.lengths
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
-                raise UserError(f"--draft-max must be 'auto' or a whole number >= 1 (got {draft_max!r})")
+                raise UserError(f"draft_max must be 'auto' or a whole number >= 1 (got {draft_max!r})",
+                                param="draft_max")
             self.draft_max = draft_max
             if drafter is not None:
                 drafter.chooser = None
@@ -85,12 +86,12 @@ class Engine:
         """grammar: GBNF text the output must follow (constraints.py), or None."""
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
-            raise UserError("the prompt is empty: give some text with --prompt")
+            raise UserError("the prompt is empty: give some text", param="prompt")
         if len(prompt_tokens) + 1 > n_ctx:
             raise UserError(f"the prompt has {len(prompt_tokens)} tokens but the context holds {n_ctx}: "
-                            "shorten the prompt or raise --ctx")
-        if max_tokens < 0:
-            raise UserError(f"--max-tokens must be >= 0 (got {max_tokens})")
+                            "shorten the prompt or raise n_ctx", param="n_ctx")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise UserError(f"max_tokens must be a whole number >= 0 (got {max_tokens!r})", param="max_tokens")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
         return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar)

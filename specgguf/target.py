@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from . import native
+from .compat import check_loadable
 from .errors import UserError
 from .ggufinfo import GGUFInfo, read_gguf
 
@@ -12,6 +13,35 @@ from .ggufinfo import GGUFInfo, read_gguf
 class BusyError(UserError, RuntimeError):
     """A second generation was started on a context that is still generating in this thread
     (another thread's generation is waited for instead)."""
+
+
+DEFAULT_CTX = 4096
+
+
+def _whole(name: str, value, low: int, meaning: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserError(f"{name} must be {meaning} (got {value!r})", param=name)
+    return value
+
+
+def check_settings(info: GGUFInfo, n_ctx, n_threads, n_gpu_layers) -> int:
+    """The context, thread and offload settings, refused (never clamped) when llama.cpp
+    cannot honour them; returns the context size (None: the default; 0: the trained one)."""
+    if n_threads is not None:
+        _whole("n_threads", n_threads, 1, "a whole number >= 1 (None: all usable cores)")
+    _whole("n_gpu_layers", n_gpu_layers, -1, "a whole number of layers >= 0 (-1: all)")
+    trained = info.n_ctx_train
+    if n_ctx is None:  # the default: 4096, or the trained context when that is smaller
+        return min(DEFAULT_CTX, trained or DEFAULT_CTX)
+    _whole("n_ctx", n_ctx, 0, "a whole number of tokens (0: the model's trained context)")
+    if n_ctx == 0:
+        return trained or 4096
+    if n_ctx < 16:
+        raise UserError(f"n_ctx must be at least 16 tokens (got {n_ctx})", param="n_ctx")
+    if trained and n_ctx > trained:
+        raise UserError(f"n_ctx {n_ctx} is larger than the {trained} tokens {info.path.name} was trained for: "
+                        f"use at most {trained}", param="n_ctx")
+    return n_ctx
 
 
 def offload_devices(rpc_servers, n_gpu_layers: int) -> list[int] | None:
@@ -40,14 +70,18 @@ def offload_devices(rpc_servers, n_gpu_layers: int) -> list[int] | None:
 class Target:
     """A target GGUF with one context and one batch; owns all three (close() frees them)."""
 
-    def __init__(self, path, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None):
+    def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
+                 flash_attn: bool | None = None):
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
+        check_loadable(self.info, "target")
+        n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers,
                                   devices=offload_devices(rpc_servers, n_gpu_layers))
         try:
-            n_ctx = min(int(n_ctx), self.info.n_ctx_train or int(n_ctx))
-            self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+            # flash_attn: None lets llama.cpp choose (auto); True/False force it (Llama's keyword)
+            self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                      flash_attn=None if flash_attn is None else int(flash_attn))
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+import re
+
 from ..errors import UserError
 
 DEMO_PROMPT = (
@@ -13,6 +15,26 @@ DEMO_PROMPT = (
     "3. Add two eggs and stir well.\n4. Pour the batter into a tin.\n5. Bake for thirty minutes.\n\n"
     "Copy:\n1. Preheat the oven to"
 )
+
+
+# Python argument -> the flag that sets it: library errors name the argument (`param`), the
+# command line shows the flag.
+FLAGS = {"n_ctx": "--ctx", "n_threads": "--threads", "n_gpu_layers": "--gpu-layers", "max_tokens": "--max-tokens",
+         "draft_max": "--draft-max", "draft_kind": "--draft-kind", "draft_p_min": "--draft-p-min",
+         "draft": "--draft", "prompt": "--prompt", "stop": "--stop", "temperature": "--temperature",
+         "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
+         "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+         "penalty_last_n": "--penalty-last-n", "seed": "--seed", "accept": "--accept", "rpc_servers": "--rpc",
+         "tokens": "--tokens"}
+
+
+def flag_message(exc: Exception) -> str:
+    """The error's message with the Python argument it names written as the CLI flag."""
+    message, param = str(exc), getattr(exc, "param", None)
+    flag = FLAGS.get(param or "")
+    if flag:
+        message = re.sub(rf"(?<![\w-])'?{re.escape(param)}'?(?!\w)", flag, message)
+    return message
 
 
 def _draft_spec(ctx, param, values):
@@ -44,7 +66,9 @@ def model_options(f):
         click.option("--draft-p-min", type=float, default=0.0, show_default=True,
                      help="Stop drafting at a token whose draft confidence is below this (DSpark: its "
                           "confidence head; others: softmax over the top 10)."),
-        click.option("--ctx", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
+        click.option("--ctx", "n_ctx", type=int, default=None,
+                     help="Context size in tokens [default: 4096, or the model's trained context if smaller; "
+                          "0: the trained context]."),
         click.option("--threads", "n_threads", type=int, default=None, help="CPU threads (default: all usable)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
                      help="Layers offloaded to the GPU (CUDA/Metal builds; 99 = all)."),
@@ -75,10 +99,6 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
     from ..api import SpecGGUF
 
     n = parse_draft_max(draft_max)
-    if n_ctx < 16:
-        raise UserError(f"--ctx must be at least 16 tokens (got {n_ctx})")
-    if n_threads is not None and n_threads < 1:
-        raise UserError(f"--threads must be at least 1 (got {n_threads})")
     if not 0.0 <= draft_p_min <= 1.0:
         raise UserError(f"--draft-p-min must be within [0, 1] (got {draft_p_min})")
     if draft is None and draft_kind not in (None, "ngram"):
@@ -86,7 +106,7 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
     if draft is None and draft_kind == "ngram":
         draft = "ngram"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
-                    n_gpu_layers=n_gpu_layers, verbose=verbose, kind=draft_kind, p_min=draft_p_min,
+                    n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
                     rpc_servers=rpc_servers)
 
 

@@ -41,6 +41,7 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     --draft PATH` on the command line). options: max_shared_tokens (suffix: the bound on the
     store of earlier outputs), ngram_min / ngram_max (ngram).
     `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
+    from ..compat import check_loadable
     from ..errors import UserError
     from ..ggufinfo import read_gguf
 
@@ -63,7 +64,10 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
             raise UserError(f"--draft {spec}: pair 'suffix' with a draft GGUF, not with {model.kind!r}")
         return HybridDrafter(SuffixDrafter(**{k: v for k, v in options.items() if k == "max_shared_tokens"}), model)
 
-    if spec == "ngram" or kind == "ngram":
+    if (spec == "ngram" and kind not in (None, "ngram")) or (spec != "ngram" and kind == "ngram"):
+        raise UserError(f"--draft {spec} cannot run as --draft-kind {kind}: the kind of a draft file is read from "
+                        "the file, and 'ngram' needs no file (leave out --draft-kind)")
+    if spec == "ngram":
         from .ngram import NgramDrafter
 
         return NgramDrafter(ngram_min=options.get("ngram_min", 2), ngram_max=options.get("ngram_max", 4))
@@ -73,6 +77,7 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     if kind is not None and kind not in KINDS:
         raise UserError(f"unknown --draft-kind {kind!r}: use one of {', '.join(KINDS)}")
     info = read_gguf(spec, "draft")
+    check_loadable(info, "draft")
     detected = detect_kind(info)
     kind = kind or detected
     allowed = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"},
