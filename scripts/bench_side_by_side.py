@@ -4,7 +4,10 @@
 Rows (greedy, the same libllama for everyone: LLAMA_CPP_LIB_PATH points at the C++ tool's
 folder before llama_cpp is imported, as in bench_vs_cpp.py):
   cpp ngram-simple / ngram-mod     llama-speculative-simple --spec-type ..., its defaults
-  cpp ... m=M                      the same at its best --spec-ngram-size-m (a sweep first)
+                                   (pinned build: ngram-simple size-n 12, size-m 48; ngram-mod
+                                   n-match 24, n-min 48, n-max 64)
+  cpp ... m=M                      the same at its best draft length, swept first:
+                                   --spec-ngram-simple-size-m M, or --spec-ngram-mod-n-max M
   llama-cpp-python lookup          Llama(draft_model=LlamaPromptLookupDecoding()), its defaults
   specgguf plain / ngram / suffix  --draft-max auto, warm cost profile (`ngram` is the README's
                                    demo command, the default a user is shown)
@@ -90,15 +93,17 @@ TASKS = ["Add a docstring line about the return value.", "Rename `window` to `si
 
 def cpp_run(target, prompt, spec_type, size_m, max_tokens, threads, n_ctx=4096) -> dict:
     """One greedy run of llama-speculative-simple with a model-free --spec-type at its defaults
-    (size_m None) or at --spec-ngram-size-m size_m."""
+    (size_m None) or with drafts of size_m tokens."""
     exe = cpp_baseline.find_tool()
     with tempfile.TemporaryDirectory() as d:
         pfile = cpp_baseline.write_prompt_file(Path(d) / "prompt.txt", prompt)
         args = [str(exe), "-m", str(target), "-f", str(pfile), "-n", str(max_tokens), "-c", str(n_ctx),
                 "-fit", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
                 "-t", str(threads), "-tb", str(threads), "--spec-type", spec_type]
-        if size_m is not None:
-            args += ["--spec-ngram-size-m", str(size_m)]
+        if size_m is not None and spec_type == "ngram-simple":
+            args += ["--spec-ngram-simple-size-m", str(size_m)]
+        elif size_m is not None:  # ngram-mod's draft length: n-max (its n-min may not exceed it)
+            args += ["--spec-ngram-mod-n-max", str(size_m), "--spec-ngram-mod-n-min", str(min(size_m, 48))]
         proc = subprocess.run(args, capture_output=True, timeout=600)
     err = proc.stderr.decode("utf-8", "replace")
     if proc.returncode != 0:
@@ -123,14 +128,14 @@ class LcpLookup:
     def run(self, prompt, max_tokens) -> dict:
         self.llm.reset()
         t0 = time.perf_counter()
-        first = None
-        n = 0
+        first, chunks, reason = None, 0, None
         for chunk in self.llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1,
                                                 stream=True):
-            n += 1
+            chunks += 1  # one per token, but for a character split across tokens
             first = first or time.perf_counter()
+            reason = chunk["choices"][0].get("finish_reason") or reason
         end = time.perf_counter()
-        toks = self.llm.n_tokens - len(self.llm.tokenize(prompt.encode()))
+        toks = max_tokens if reason == "length" else chunks
         tok_s = (toks - 1) / (end - first) if first and end > first and toks > 1 else 0.0
         return {"tok_s": tok_s, "tokens": toks, "wall_s": end - t0}
 
@@ -206,7 +211,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--threads", type=int, default=native.default_threads())
-    ap.add_argument("--sizes", default="8,16,24,32,48,64", help="--spec-ngram-size-m values swept for the C++ rows")
+    ap.add_argument("--sizes", default="8,16,32,48,64", help="draft lengths swept for the C++ rows")
     ap.add_argument("--prompts", default=",".join(PROMPTS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "side_by_side.json"))
     a = ap.parse_args()
@@ -234,7 +239,7 @@ def main() -> int:
             except RuntimeError as exc:
                 print(f"  {spec_type} m={m}: {str(exc).splitlines()[-1]}")
         best_m[spec_type] = max(score, key=score.get) if score else None
-        print(f"  {spec_type}: best --spec-ngram-size-m {best_m[spec_type]} "
+        print(f"  {spec_type}: best draft length {best_m[spec_type]} "
               f"({', '.join(f'{m}: {v:.0f}' for m, v in score.items())})")
 
     # warm the specgguf profiles (a user's second run), outside the measured runs
