@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import native, params
+from . import constraints, llamaargs, native, params, responses
 from .chat import ChatFormat
 from .drafters import make_drafter
 from .engine import Engine
-from .responses import Shaper, openai_finish_reason
+from .errors import UserError
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .target import Target
 from .textstream import TextStream
+from .tools import ToolSet
 
 
 @dataclass
@@ -59,6 +60,13 @@ class Request:
     chat: bool
     stream: bool = False
     model: str | None = None
+    n: int = 1  # choices, run one after another
+    echo: bool = False  # completions: the prompt's text leads the returned text
+    logprobs: int | None = None  # None: no logprobs; k: the target's logprobs with the top k
+    include_usage: bool = False  # stream_options.include_usage: a separate final usage chunk
+    prompt_text: str = ""  # completions: the prompt as text (echo, logprobs' text_offset)
+    grammar: str | None = None  # GBNF the output follows (grammar, response_format, a forced tool call)
+    tools: ToolSet | None = None  # chat: the request's tools, whose calls are parsed from the output
 
 
 class SpecGGUF:
@@ -71,38 +79,132 @@ class SpecGGUF:
     Not thread-safe: one generation at a time (the server queues requests for that reason).
     """
 
-    def __init__(self, target=None, draft: str | None = None, draft_max: int | str = "auto", n_ctx: int = 4096,
-                 n_threads: int | None = None, n_gpu_layers: int = 0, verbose: bool = False,
-                 rpc_servers: str | list[str] | None = None, **draft_options):
+    def __init__(self, target=None, draft: str | None = None, draft_max: int | str = "auto", n_ctx: int | None = None,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, verbose: bool = False, *,
+                 model_path=None, draft_kind: str | None = None, draft_p_min: float = 0.0,
+                 n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
+                 chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
+                 rpc_servers: str | list[str] | None = None, flash_attn: bool | None = None, **llama_options):
+        """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
+        270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
+        n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
+        Llama's default value where SpecGGUF runs llama.cpp's default (use_mmap=True, ...), and
+        refused otherwise (ValueError naming the argument; TypeError for unknown names).
+        See specgguf/llamaargs.py for the list.
+        rpc_servers: 'HOST:PORT[,HOST:PORT...]' of llama.cpp RPC servers (`ggml-rpc-server`) that
+        hold the n_gpu_layers offloaded target layers; needs a GGML_RPC build (README: Scale-out)."""
+        self.drafter = self.target = None
+        target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
+                                                  n_threads_batch, n_batch, seed, verbose, chat_format,
+                                                  last_n_tokens_size, logits_all, flash_attn)
+        llamaargs.check_extra(llama_options)
+        if draft is None and draft_kind == "ngram":
+            draft = "ngram"
         native.set_verbose(verbose)
         if target is None:
             from .defaults import default_target
 
             target = default_target()
-        # rpc_servers: 'HOST:PORT,...' of llama.cpp RPC servers holding the offloaded layers (README: Scale-out)
-        self.target = Target(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                             rpc_servers=rpc_servers)
-        self.drafter = None
         try:
+            self.target = Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                 rpc_servers=rpc_servers, flash_attn=flash_attn)
+        except UserError as exc:  # a bad argument or file: a ValueError, as Llama raises
+            raise llamaargs.as_value_error(exc) from None
+        try:
+            if n_threads_batch is not None:
+                self.target.ctx.set_threads(self.target.n_threads, n_threads_batch)
             if draft is not None:
-                self.drafter = make_drafter(str(draft), self.target, draft_max=draft_max, n_threads=n_threads,
-                                            **draft_options)  # block drafts need the configured length
+                self.drafter = make_drafter(str(draft), self.target, kind=draft_kind, draft_max=draft_max,
+                                            n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
             self.engine = Engine(self.target, self.drafter, draft_max)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, UserError):
+                raise llamaargs.as_value_error(exc) from None
             raise
+        self.verbose, self.penalty_last_n = verbose, last_n_tokens_size
         self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
         self._plain: Engine | None = None
 
-    @property
+    # -- llama_cpp.Llama's model methods -----------------------------------------------------
     def n_ctx(self) -> int:
+        """The context window in tokens (a method, as llama_cpp.Llama's)."""
+        self._check_open()
         return self.target.n_ctx
 
-    # -- prompts ---------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def n_vocab(self) -> int:
         self._check_open()
-        return self.target.tokenize(text, add_special)
+        return self.target.model.n_vocab
+
+    def token_eos(self) -> int:
+        self._check_open()
+        return self.target.model.eos
+
+    def token_bos(self) -> int:
+        self._check_open()
+        return self.target.model.bos
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The GGUF's metadata, every value as text (as llama_cpp.Llama.metadata)."""
+        self._check_open()
+        if self._metadata is None:
+            self._metadata = self.target.model.metadata()
+        return dict(self._metadata)
+
+    _metadata = None
+
+    def detokenize(self, tokens, prev_tokens=None, special: bool = False) -> bytes:
+        """The bytes of `tokens`, as llama_cpp.Llama.detokenize (prev_tokens is checked and, as
+        there, changes nothing: each token's piece is read on its own)."""
+        self._check_open()
+        model = self.target.model
+        ids = params.token_ids(tokens, "tokens", model.n_vocab)
+        if prev_tokens is not None:  # pieces here do not depend on the text before them
+            params.token_ids(prev_tokens, "prev_tokens", model.n_vocab)
+        out = b"".join(model.token_to_piece(t, special) for t in ids)
+        if ids and ids[0] == model.bos and out.startswith(b" "):
+            out = out[1:]  # as Llama: the space a BOS-led SentencePiece text begins with is dropped
+        return out
+
+    def reset(self) -> None:
+        """Forget the context's contents (every generation starts from an empty cache anyway)."""
+        self._check_open()
+        self.target.acquire(self)  # waits for another thread's generation; refuses an unfinished one
+        try:
+            self.target.ctx.clear()
+        finally:
+            self.target.release()
+
+    def save_state(self):
+        raise NotImplementedError("SpecGGUF.save_state is not supported: every generation re-reads its prompt "
+                                  "into an empty cache (the draft's state too), so there is no state to keep "
+                                  "between calls")
+
+    def load_state(self, state) -> None:
+        raise NotImplementedError("SpecGGUF.load_state is not supported: every generation re-reads its prompt "
+                                  "into an empty cache (the draft's state too), so there is no state to restore")
+
+    # -- prompts ---------------------------------------------------------------------------
+    def tokenize(self, text: "bytes | str", add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`: UTF-8 bytes, as llama_cpp.Llama.tokenize takes (a str is taken
+        too). add_bos: begin with the model's BOS (when it uses one); special: read special-token
+        text such as '<start_of_turn>' as that token (prompts of create_completion are read so)."""
+        self._check_open()
+        if isinstance(text, (bytes, bytearray)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise params.RequestError(f"'text' is not valid UTF-8 (byte {exc.start}): send UTF-8 bytes",
+                                          param="text", code="invalid_value") from None
+        elif not isinstance(text, str):
+            raise params.RequestError(f"'text' must be bytes or str (got {type(text).__name__})", param="text",
+                                      code="invalid_type")
+        params.text_value(text, "text")
+        llamaargs.flag("add_bos", add_bos)
+        llamaargs.flag("special", special)
+        return self.target.model.tokenize(text, add_special=add_bos, parse_special=special)
 
     @property
     def chat_format(self) -> ChatFormat:
@@ -110,12 +212,15 @@ class SpecGGUF:
             self._chat_format = ChatFormat.for_model(self.target.model, self.target.info.chat_template)
         return self._chat_format
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """Render `messages` with the chat format and tokenize it (no double BOS)."""
+    def chat_prompt(self, messages: list[dict], tools: ToolSet | None = None) -> list[int]:
+        """Render `messages` (and `tools`, see tools.py) with the chat format and tokenize it (no double BOS)."""
         self._check_open()
         fmt = self.chat_format
         try:
-            text = fmt.render(messages)
+            if tools is None:
+                text = fmt.render(messages)
+            else:
+                text = fmt.render(tools.messages(messages), tools.tools if tools.in_template else None)
         except ValueError as exc:  # the template's own raise_exception(), or a malformed message
             raise params.RequestError(f"the chat template refused the messages: {exc}", param="messages") from None
         bos_in_text = bool(fmt.bos_text) and text.startswith(fmt.bos_text)
@@ -125,7 +230,7 @@ class SpecGGUF:
         self._check_open()
         prompt = params.prompt_value(prompt)
         if isinstance(prompt, str):
-            return self.tokenize(prompt)
+            return self.target.tokenize(prompt)  # special-token text read as tokens, as Llama's prompts
         n_vocab = self.target.model.n_vocab
         if any(t < 0 or t >= n_vocab for t in prompt):
             raise params.RequestError(f"'prompt' holds token ids outside the vocabulary [0, {n_vocab})",
@@ -135,7 +240,7 @@ class SpecGGUF:
     # -- generation ------------------------------------------------------------------------
     def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None,
                       sampling: "dict | SamplingParams | None" = None, speculate: bool = True,
-                      cancelled: Callable[[], bool] | None = None):
+                      cancelled: Callable[[], bool] | None = None, grammar: str | None = None):
         """(generation, text chunks iterator) for already tokenized input: the one way every
         front end (CLI, chat, profile, server) runs a generation.
 
@@ -143,11 +248,12 @@ class SpecGGUF:
         speculate=False decodes plainly with the same target and the same loop (n = 0): the
         fair baseline. cancelled: asked between prefill chunks and rounds (from the iterating
         thread); when it says yes the generation ends with finish_reason "cancelled".
+        grammar: GBNF text the output must follow (constraints.py), or None.
         """
         self._check_open()
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
         engine = self.engine if speculate else self._plain_engine()
-        gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled)
+        gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)
         return gen, TextStream(gen, self.target.model, stop)
 
     def _plain_engine(self) -> Engine:
@@ -159,13 +265,14 @@ class SpecGGUF:
         if self.target is None:
             raise params.RequestError("this SpecGGUF is closed: create a new one to generate again")
 
-    def stream(self, prompt, max_tokens: int = 256, stop=None, **sampling) -> Iterator[Chunk]:
+    def stream(self, prompt, max_tokens: int = 256, stop=None, grammar=None, **sampling) -> Iterator[Chunk]:
         """Yield `Chunk`s as text is verified; the last one carries finish_reason, tokens and stats.
 
         prompt: text or token ids. Leaving the loop early stops the generation.
+        grammar: GBNF text or a llama_cpp.LlamaGrammar the output must follow.
         """
         gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
-                                       params.sampling_fields(sampling))
+                                       params.sampling_fields(sampling), grammar=self._grammar(grammar))
         try:
             for piece in text:
                 yield Chunk(piece)
@@ -173,12 +280,21 @@ class SpecGGUF:
         finally:
             gen.close("cancelled")  # no-op when it already finished
 
-    def generate(self, prompt, max_tokens: int = 256, stop=None, **sampling) -> Result:
-        """Generate a completion of `prompt` (text or token ids) and return it whole."""
+    def generate(self, prompt, max_tokens: int = 256, stop=None, grammar=None, **sampling) -> Result:
+        """Generate a completion of `prompt` (text or token ids) and return it whole (grammar: as stream's)."""
         gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
-                                       params.sampling_fields(sampling))
+                                       params.sampling_fields(sampling), grammar=self._grammar(grammar))
         out = "".join(text)
         return Result(out, list(gen.tokens), gen.finish_reason or "stop", gen.stats)
+
+    def _grammar(self, grammar) -> str | None:
+        """Checked GBNF text of `grammar` (None: none)."""
+        if grammar is None:
+            return None
+        self._check_open()
+        text = constraints.grammar_text(grammar)
+        constraints.check(self.target.model, text)
+        return text
 
     # -- cost profile ----------------------------------------------------------------------
     def measure_costs(self, prompt_tokens: list[int], lengths=(1, 2, 3, 4, 6, 8), tokens: int = 48,
@@ -223,10 +339,19 @@ class SpecGGUF:
         """
         params.refuse_unsupported(body)
         sampling = params.sampling_fields(body)
+        if "seed" not in sampling and self._seed is not None:
+            sampling["seed"] = self._seed  # the constructor's seed, as Llama(seed=...)
+        if self.penalty_last_n != 64:
+            sampling["penalty_last_n"] = self.penalty_last_n  # Llama's last_n_tokens_size
+        bias = params.logit_bias_value(body.get("logit_bias"), self.n_vocab())
+        if bias:
+            sampling["logit_bias"] = bias
         params.sampling_params(sampling)  # refuse what SamplingParams refuses, before queueing
         stream = params.flag(body, "stream")
+        extras = params.choice_options(body, chat, stream)
+        grammar, toolset = self._structure(body, chat)
         if chat:
-            tokens = self.chat_prompt(params.messages_value(body.get("messages")))
+            tokens = self.chat_prompt(params.messages_value(body.get("messages")), toolset)
             stop = params.stop_strings(body.get("stop"), self.chat_format.stop)
             wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)
         else:
@@ -234,49 +359,47 @@ class SpecGGUF:
             stop = params.stop_strings(body.get("stop"))
             # absent: OpenAI's default of 16; null (or None from Python): the rest of the context
             wanted = params.max_tokens(body.get("max_tokens"), None if "max_tokens" in body else 16)
-        budget = params.fit_context(len(tokens), wanted, self.n_ctx)
+        budget = params.fit_context(len(tokens), wanted, self.n_ctx())
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise params.RequestError("'model' must be a string", param="model", code="invalid_type")
-        return Request(tokens, budget, stop, sampling, chat, stream, model)
+        prompt_text = ""
+        if not chat:
+            prompt = params.prompt_value(body.get("prompt"))
+            prompt_text = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")
+        return Request(tokens, budget, stop, sampling, chat, stream, model, prompt_text=prompt_text, grammar=grammar,
+                       tools=toolset, **extras)
+
+    def _structure(self, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:
+        """The request's grammar (grammar, response_format or a forced tool call) and its tools."""
+        self._check_open()
+        grammar = constraints.request_grammar(body)
+        toolset = None
+        if chat:
+            toolset = ToolSet.from_request(body, self.chat_format.template, self.target.info.arch)
+        elif body.get("tools") is not None or body.get("tool_choice") is not None:
+            raise params.RequestError("'tools' need a chat completion (/v1/chat/completions)", param="tools",
+                                      code="invalid_value")
+        if toolset is not None and toolset.parses:
+            if grammar is not None:
+                raise params.RequestError("give either 'tools' or a 'grammar' / JSON 'response_format', not both "
+                                          "(or set tool_choice to 'none')", param="tools", code="invalid_value")
+            grammar = toolset.grammar()
+        if grammar is not None:
+            constraints.check(self.target.model, grammar)
+        return grammar, toolset
 
     def response_chunks(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Iterator[dict]:
-        """The stream of one request as Llama/OpenAI chunk dicts, stats on the last one.
+        """The stream of one request as Llama/OpenAI chunk dicts, usage and stats on the last one.
 
         `cancelled` is asked after every chunk: when it says yes the generation is closed (the
         engine stops at that round) and nothing more is yielded.
         """
-        shaper = Shaper(req.model or self.model_name, req.chat)
-        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling, cancelled=cancelled)
-        try:
-            first = shaper.first()
-            if first is not None:
-                yield first
-            for piece in text:
-                if cancelled():
-                    return
-                yield shaper.delta(piece)
-            if cancelled():
-                return
-            yield shaper.last(openai_finish_reason(gen.finish_reason), len(req.tokens), len(gen.tokens),
-                              gen.stats.to_dict())
-        finally:
-            gen.close("cancelled")
+        return responses.chunks(self, req, cancelled)
 
     def response(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> dict | None:
         """The whole response of one request (None when cancelled before the end)."""
-        shaper = Shaper(req.model or self.model_name, req.chat)
-        gen, text = self.stream_tokens(req.tokens, req.max_tokens, req.stop, req.sampling, cancelled=cancelled)
-        pieces = []
-        try:
-            for piece in text:
-                if cancelled():
-                    return None
-                pieces.append(piece)
-        finally:
-            gen.close("cancelled")
-        return shaper.full("".join(pieces), openai_finish_reason(gen.finish_reason), len(req.tokens),
-                           len(gen.tokens), gen.stats.to_dict())
+        return responses.full(self, req, cancelled)
 
     def create_completion(self, prompt, max_tokens: int | None = 16, stop=None, stream: bool = False, **kwargs):
         """Complete `prompt` (text or token ids) like `llama_cpp.Llama.create_completion`.
@@ -284,9 +407,12 @@ class SpecGGUF:
         Returns the same dict (or, with stream=True, an iterator of chunk dicts), plus a
         `specgguf` field with the speculative statistics on the response / the last chunk.
         Sampling keywords (temperature, top_k, top_p, min_p, repeat_penalty,
-        presence_penalty, frequency_penalty, seed) default to greedy; features specgguf
-        lacks (logprobs, echo, suffix, grammar, n > 1...) raise ValueError when asked for.
+        presence_penalty, frequency_penalty, seed, logit_bias) default to greedy; logprobs
+        (the target's own, with the top k), echo and n (choices run one after another) work
+        as in Llama; samplers specgguf lacks (typical_p, tfs_z, mirostat_*, suffix...) raise
+        ValueError when set to anything but their off value, unknown keywords TypeError.
         """
+        params.check_keywords(kwargs, chat=False)
         req = self.prepare(dict(kwargs, prompt=prompt, max_tokens=max_tokens, stop=stop, stream=stream), chat=False)
         return self.response_chunks(req) if stream else self.response(req)
 
@@ -294,6 +420,7 @@ class SpecGGUF:
                                stream: bool = False, **kwargs):
         """Answer `messages` like `llama_cpp.Llama.create_chat_completion` (same dict shapes,
         plus `specgguf`), with the GGUF's chat template or the stated fallback."""
+        params.check_keywords(kwargs, chat=True)
         body = dict(kwargs, messages=messages, max_tokens=max_tokens, stop=stop, stream=stream)
         req = self.prepare(body, chat=True)
         return self.response_chunks(req) if stream else self.response(req)

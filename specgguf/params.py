@@ -8,6 +8,8 @@ same OpenAI error `param`/`code`) whichever way it came in. `RequestError` is a 
 
 from __future__ import annotations
 
+import json
+
 from .errors import UserError
 
 
@@ -57,6 +59,8 @@ def sampling_fields(values: dict) -> dict:
         _typed(name, value, types, meaning)
         if not ok(value):
             raise RequestError(f"'{name}' must be {meaning} (got {value!r})", param=name, code="invalid_value")
+        if name == "seed" and value in (-1, 0xFFFFFFFF):  # Llama's "random seed" values
+            continue
         out[name] = value
     return out
 
@@ -82,6 +86,8 @@ def stop_strings(value, extra=()) -> list[str]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise RequestError("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    for s in value:
+        text_value(s, "stop")
     return [s for s in [*value, *extra] if s]
 
 
@@ -117,12 +123,28 @@ def fit_context(n_prompt: int, wanted: int | None, n_ctx: int) -> int:
     return wanted
 
 
+def text_value(value: str, param: str) -> str:
+    """Text that can be encoded as UTF-8 (what the tokenizer takes): a lone surrogate, which is
+    how Python carries invalid UTF-8 from a shell argument, a file or a JSON escape, is refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"'{param}' is not valid UTF-8 text: character {exc.start} is a lone surrogate "
+                           f"({value[exc.start]!r}, from invalid bytes or a broken escape); send valid UTF-8",
+                           param=param, code="invalid_value") from None
+    return value
+
+
+# The roles chat templates know; anything else is refused rather than rendered as nonsense.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 def prompt_value(value):
     """`prompt` of a text completion: a string, or a list of token ids (one prompt only)."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # a batch of one, as some clients send it
     if isinstance(value, str) and value:
-        return value
+        return text_value(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if value is None or value == "" or value == []:
@@ -142,6 +164,9 @@ def messages_value(value) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]",
                                code="invalid_type")
+        if m["role"] not in CHAT_ROLES:
+            raise RequestError(f"messages[{i}].role {m['role'][:40]!r} is not a chat role: use one of "
+                               f"{', '.join(CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only (no images on a text model)
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -149,20 +174,61 @@ def messages_value(value) -> list[dict]:
                 raise RequestError(f"messages[{i}].content: only text parts are supported",
                                    param=f"messages[{i}].content", code="invalid_value")
             content = "".join(p["text"] for p in content)
+        if content is None and m["role"] != "assistant":  # an assistant may answer with tool calls only
+            raise RequestError(f"messages[{i}].content is missing: a {m['role']} message needs text",
+                               param=f"messages[{i}].content", code="invalid_type")
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string", param=f"messages[{i}].content",
                                code="invalid_type")
-        out.append({"role": m["role"], "content": content})
+        msg = {"role": m["role"], "content": text_value(content, f"messages[{i}].content")}
+        msg.update(_tool_fields(m, i))
+        out.append(msg)
+    return out
+
+
+def _tool_fields(m: dict, i: int) -> dict:
+    """What a tools-aware template reads besides the text: an assistant's `tool_calls` (their
+    arguments as objects, as templates print them) and a tool result's `tool_call_id` / `name`."""
+    out = {}
+    for key in ("tool_call_id", "name"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise RequestError(f"messages[{i}].{key} must be a string", param=f"messages[{i}].{key}",
+                                   code="invalid_type")
+            out[key] = m[key]
+    calls = m.get("tool_calls")
+    if calls is None:
+        return out
+    if not isinstance(calls, list):
+        raise RequestError(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls",
+                           code="invalid_type")
+    out["tool_calls"] = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"messages[{i}].tool_calls[{j}] must be an object with a 'function' that has a "
+                               "string 'name'", param=f"messages[{i}].tool_calls", code="invalid_value")
+        args = fn.get("arguments") or "{}"
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON",
+                                   param=f"messages[{i}].tool_calls", code="invalid_value") from None
+        out["tool_calls"].append({"id": c.get("id"), "type": "function",
+                                  "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
 # Fields of llama_cpp.Llama's methods (and OpenAI's) that specgguf cannot honour: refused when
 # set to something other than their "off" value, rather than silently ignored.
-UNSUPPORTED = {"suffix": None, "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-               "n": (None, 1), "best_of": (None, 1), "tools": (None, []), "functions": (None, []),
-               "grammar": None, "logit_bias": (None, {}), "response_format": None}
+UNSUPPORTED = {"suffix": None, "best_of": (None, 1), "functions": (None, []), "function_call": None,
+               # llama_cpp.Llama's samplers that specgguf does not run: only their "off" values pass
+               "typical_p": (None, 1.0, 1), "tfs_z": (None, 1.0, 1), "mirostat_mode": (None, 0),
+               "mirostat_tau": (None, 5.0, 5), "mirostat_eta": (None, 0.1), "stopping_criteria": None,
+               "logits_processor": None}
 
 
 def refuse_unsupported(values: dict) -> None:
@@ -173,4 +239,121 @@ def refuse_unsupported(values: dict) -> None:
         if not any(value == o and type(value) is type(o) for o in offs):
             if name == "response_format" and value == {"type": "text"}:
                 continue
-            raise RequestError(f"'{name}' is not supported by specgguf", param=name, code="unsupported_parameter")
+            off_value = next((o for o in offs if type(o) in (int, float)), None)
+            hint = f": leave it out (or at {off_value!r}, which is off)" if off_value is not None else ""
+            raise RequestError(f"'{name}' is not supported by specgguf{hint}", param=name,
+                               code="unsupported_parameter")
+
+
+# -- Llama's and OpenAI's per-request extras: n, echo, logprobs, logit_bias, stream_options --------
+
+# Keyword arguments of llama_cpp.Llama.create_completion / create_chat_completion, plus OpenAI's
+# n and stream_options (and max_completion_tokens): anything else is a TypeError in Python,
+# as calling Llama with it would be. The HTTP server ignores fields it does not know, as OpenAI does.
+COMPLETION_KEYS = {"prompt", "suffix", "max_tokens", "temperature", "top_p", "min_p", "typical_p", "logprobs",
+                   "echo", "stop", "frequency_penalty", "presence_penalty", "repeat_penalty", "top_k", "stream",
+                   "seed", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model", "stopping_criteria",
+                   "logits_processor", "grammar", "logit_bias", "n", "best_of", "stream_options"}
+CHAT_KEYS = {"messages", "functions", "function_call", "tools", "tool_choice", "temperature", "top_p", "top_k",
+             "min_p", "typical_p", "stream", "stop", "seed", "response_format", "max_tokens", "presence_penalty",
+             "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model",
+             "logits_processor", "grammar", "logit_bias", "logprobs", "top_logprobs", "n", "stream_options",
+             "max_completion_tokens"}
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+MAX_N = 128  # OpenAI's limit for n
+
+
+def check_keywords(kwargs: dict, chat: bool) -> None:
+    known = CHAT_KEYS if chat else COMPLETION_KEYS
+    for name in kwargs:
+        if name not in known:
+            method = "create_chat_completion" if chat else "create_completion"
+            raise TypeError(f"{method}() got an unexpected keyword argument {name!r}")
+
+
+def token_ids(value, param: str, n_vocab: int) -> list[int]:
+    """A list of token ids inside the vocabulary."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in value):
+        raise RequestError(f"'{param}' must be a list of token ids", param=param, code="invalid_type")
+    bad = next((t for t in value if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise RequestError(f"'{param}' holds token id {bad}, outside the vocabulary [0, {n_vocab})", param=param,
+                           code="invalid_value")
+    return list(value)
+
+
+def logit_bias_value(value, n_vocab: int) -> tuple:
+    """OpenAI's/Llama's logit_bias ({token id: bias}, ids as ints or, from JSON, as strings) as
+    sorted (id, bias) pairs; -inf bans a token. Empty or None: ()."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RequestError("'logit_bias' must be an object mapping token ids to numbers", param="logit_bias",
+                           code="invalid_type")
+    out = {}
+    for key, bias in value.items():
+        tok = key
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            tok = int(key)
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
+            raise RequestError(f"'logit_bias' key {key!r} is not a token id in [0, {n_vocab})", param="logit_bias",
+                               code="invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
+            raise RequestError(f"'logit_bias' value for token {tok} must be a finite number or -inf (got {bias!r})",
+                               param="logit_bias", code="invalid_value")
+        out[tok] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def _count(values: dict, name: str, low: int, high: int, default):
+    value = values.get(name)
+    if value is None:
+        return default
+    _typed(name, value, (int,), f"a whole number in [{low}, {high}]")
+    if not low <= value <= high:
+        raise RequestError(f"'{name}' must be in [{low}, {high}] (got {value})", param=name, code="invalid_value")
+    return value
+
+
+def choice_options(values: dict, chat: bool, stream: bool) -> dict:
+    """n, echo, logprobs (None or how many top alternatives) and include_usage, checked.
+
+    Completions: logprobs is a count (Llama's and OpenAI's legacy API). Chat: logprobs is true
+    or false and top_logprobs the count, as OpenAI's chat API; top_logprobs alone is refused."""
+    n = _count(values, "n", 1, MAX_N, 1)
+    echo = flag(values, "echo")
+    if chat:
+        if echo:
+            raise RequestError("'echo' applies to text completions only", param="echo", code="invalid_value")
+        top = _count(values, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+        if flag(values, "logprobs"):
+            logprobs = top or 0
+        elif top is not None:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
+        else:
+            logprobs = None
+    else:
+        if values.get("top_logprobs") is not None:
+            raise RequestError("'top_logprobs' belongs to chat completions; completions take 'logprobs': <count>",
+                               param="top_logprobs", code="invalid_value")
+        logprobs = None if values.get("logprobs") is False else _count(values, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+        if echo and logprobs is not None:
+            raise RequestError("'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed "
+                               "(the prompt is read without outputs); ask for one or the other",
+                               param="echo", code="unsupported_parameter")
+    options = values.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise RequestError("'stream_options' must be an object", param="stream_options", code="invalid_type")
+        if not stream:
+            raise RequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options",
+                               code="invalid_value")
+        unknown = sorted(set(options) - {"include_usage"})
+        if unknown:
+            raise RequestError(f"'stream_options' has unknown fields: {', '.join(unknown)}", param="stream_options",
+                               code="invalid_value")
+        include_usage = flag(options, "include_usage")
+    return {"n": n, "echo": echo, "logprobs": logprobs, "include_usage": include_usage}

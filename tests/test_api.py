@@ -94,8 +94,17 @@ def test_stop_strings(llm):
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"temperature": -0.5}, "temperature"),
     ({"top_k": 1.5}, "top_k"),
-    ({"logprobs": 3}, "logprobs"),
-    ({"echo": True}, "echo"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": 2, "echo": True}, "echo"),
+    ({"n": 0}, "n"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {10**7: 1}}, "logit_bias"),
+    ({"typical_p": 0.5}, "typical_p"),
+    ({"mirostat_mode": 2}, "mirostat_mode"),
+    ({"tfs_z": 0.9}, "tfs_z"),
+    ({"seed": -2}, "seed"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stop": 5}, "stop"),
 ])
 def test_bad_arguments_raise_value_error(llm, kwargs, param):
@@ -130,3 +139,125 @@ def test_close_twice_and_context_manager(qwen3_target):
         assert llm.generate(PROMPT, max_tokens=3).tokens
     llm.close()
     assert llm.target is None and llm.drafter is None
+
+
+# -- llama_cpp.Llama's surface: logprobs, logit_bias, echo, n, stream_options ------------------
+
+@pytest.fixture(scope="module")
+def plain(qwen3_target):
+    with SpecGGUF(model_path=str(qwen3_target), n_ctx=512) as model:
+        yield model
+
+
+def test_logprobs_are_the_targets_own(llm, plain):
+    """F32 target: the verified rows of a draft round give plain decoding's logprobs, up to
+    float32 summation order in a wider batch (measured: at most 1.5e-4 nats in 24 tokens)."""
+    spec = llm.create_completion(PROMPT, max_tokens=24, logprobs=5)
+    ref = plain.create_completion(PROMPT, max_tokens=24, logprobs=5)
+    assert spec["specgguf"]["accepted"] > 0 and ref["specgguf"]["drafted"] == 0
+    a, b = spec["choices"][0]["logprobs"], ref["choices"][0]["logprobs"]
+    assert a["tokens"] == b["tokens"] and a["text_offset"] == b["text_offset"]
+    assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-3, rel=1e-4)
+    for mine, theirs in zip(a["top_logprobs"], b["top_logprobs"]):
+        assert mine.keys() == theirs.keys()  # {text: logprob}: pieces with one text share a key, as in Llama
+        assert all(v <= 0 for v in mine.values())
+    assert all(mine[t] == lp for mine, t, lp in zip(a["top_logprobs"], a["tokens"], a["token_logprobs"]))
+    # chat: OpenAI's shape, the same numbers as the completion of the same prompt tokens
+    chat = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=6, logprobs=True,
+                                      top_logprobs=3)
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"]
+    assert all(set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 3
+               for e in content)
+    assert all(e["top_logprobs"][0]["logprob"] >= e["logprob"] for e in content)
+    no_top = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True)
+    assert all(e["top_logprobs"] == [] for e in no_top["choices"][0]["logprobs"]["content"])
+
+
+def test_greedy_logit_bias_is_the_biased_argmax_at_every_verified_row(llm, plain):
+    import numpy as np
+
+    base = plain.generate(PROMPT, max_tokens=16).tokens
+    bias = {base[2]: -50.0, base[5]: -50.0, 7: 4.0}
+    vec = np.zeros(llm.n_vocab(), dtype=np.float64)
+    for tok, b in bias.items():
+        vec[tok] = b
+    gen, text = llm.stream_tokens(llm.tokenize(PROMPT), 16, sampling={"logit_bias": tuple(sorted(bias.items()))})
+    checked = []
+
+    def check(ctx, ids):
+        for i, tok in enumerate(ids):
+            assert tok == int(np.argmax(ctx.logits(i) + vec)), (i, tok)
+            checked.append(tok)
+
+    gen.on_verified = check
+    "".join(text)
+    assert len(checked) >= 16 and gen.stats.drafted > 0
+    biased = llm.create_completion(PROMPT, max_tokens=16, logit_bias=bias)
+    ref = plain.create_completion(PROMPT, max_tokens=16, logit_bias={str(k): v for k, v in bias.items()})
+    assert biased["choices"][0]["text"] == ref["choices"][0]["text"] != plain.generate(PROMPT, max_tokens=16).text
+
+
+def test_echo_n_and_stream_options(llm):
+    text = llm.generate(PROMPT, max_tokens=8).text
+    echoed = llm.create_completion(PROMPT, max_tokens=8, echo=True)
+    assert echoed["choices"][0]["text"] == PROMPT + text
+    streamed = list(llm.create_completion(PROMPT, max_tokens=8, echo=True, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == PROMPT + text
+    many = list(llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=4, n=2, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all("usage" in c and c["usage"] is None for c in many[:-1])
+    assert many[-1]["choices"] == [] and many[-1]["usage"]["completion_tokens"] > 0 and "specgguf" in many[-1]
+    finished = [c["choices"][0] for c in many[:-1] if c["choices"][0]["finish_reason"]]
+    assert [c["index"] for c in finished] == [0, 1]
+    texts = ["".join(c["choices"][0]["delta"].get("content", "") for c in many[:-1] if c["choices"][0]["index"] == i)
+             for i in (0, 1)]
+    assert texts[0] == texts[1]  # greedy choices agree
+
+
+def test_llama_model_methods_and_keywords(llm, qwen3_target):
+    assert llm.n_ctx() == 512 and llm.n_vocab() > 0
+    assert llm.metadata["general.architecture"] == "qwen3"
+    ids = llm.tokenize(PROMPT.encode())
+    assert llm.detokenize(ids).decode() == PROMPT
+    assert llm.tokenize(PROMPT.encode(), add_bos=False) == ids[len(ids) - len(llm.tokenize(PROMPT.encode(),
+                                                                                        add_bos=False)):]
+    llm.reset()
+    with pytest.raises(RequestError, match="tokens"):
+        llm.detokenize([llm.n_vocab()])
+    with pytest.raises(RequestError, match="UTF-8"):
+        llm.tokenize(b"\xff\xfe")
+    with pytest.raises(NotImplementedError):
+        llm.save_state()
+    # Llama's keywords at Llama's defaults pass; other values are refused, unknown names too
+    with SpecGGUF(model_path=str(qwen3_target), n_ctx=64, use_mmap=True, n_ubatch=512, seed=0xFFFFFFFF,
+                  n_threads_batch=1, last_n_tokens_size=32, verbose=False) as m:
+        assert m.generate(PROMPT, max_tokens=2).tokens
+    with pytest.raises(RequestError, match="use_mmap") as exc:
+        SpecGGUF(model_path=str(qwen3_target), use_mmap=False)
+    assert exc.value.param == "use_mmap"
+    with pytest.raises(TypeError, match="'rope_freq'"):
+        SpecGGUF(model_path=str(qwen3_target), rope_freq=1.0)
+    with pytest.raises(RequestError, match="not both"):
+        SpecGGUF(str(qwen3_target), model_path=str(qwen3_target))
+
+
+def test_constructor_seed_is_the_default_seed(qwen3_target):
+    runs = []
+    for _ in range(2):
+        with SpecGGUF(model_path=str(qwen3_target), n_ctx=128, seed=11) as m:
+            runs.append(m.create_completion(PROMPT, max_tokens=12, temperature=1.5)["choices"][0]["text"])
+    assert runs[0] == runs[1]
+
+
+def test_readme_dropin_example_runs(qwen3_target, capsys):
+    from pathlib import Path
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"\*\*A drop-in for `llama_cpp.Llama`.\*\*.*?```python\n(.*?)```", readme, flags=re.S).group(1)
+    assert 'model_path="model.gguf"' in block
+    scope: dict = {}
+    exec(compile(block.replace("model.gguf", str(qwen3_target)), "README.md", "exec"), scope)
+    scope["llm"].close()
+    assert "qwen3" in capsys.readouterr().out

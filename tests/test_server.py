@@ -44,7 +44,9 @@ def raw(server, method: str, path: str, body=None, headers: dict | None = None):
     resp = conn.getresponse()
     payload = resp.read()
     conn.close()
-    return resp.status, resp.headers, json.loads(payload) if payload else None  # headers: case-insensitive
+    if resp.headers.get("Content-Type", "").startswith("application/json"):
+        payload = json.loads(payload)
+    return resp.status, resp.headers, payload or None  # headers: case-insensitive; a CORS preflight: text
 
 
 def assert_openai_error(body, param=None, code=None):
@@ -147,7 +149,23 @@ BAD_REQUESTS = {
     "top_p_out_of_range": ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p", "invalid_value"),
     "stream_wrong_type": ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "invalid_type"),
     "stop_wrong_type": ("/v1/completions", {"prompt": "hi", "stop": [1]}, 400, "stop", "invalid_type"),
-    "n_unsupported": ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", "unsupported_parameter"),
+    "n_zero": ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
+    "best_of_unsupported": ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    "typical_p_unsupported": ("/v1/completions", {"prompt": "hi", "typical_p": 0.5}, 400, "typical_p",
+                              "unsupported_parameter"),
+    "mirostat_unsupported": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "mirostat_mode": 2}, 400, "mirostat_mode", "unsupported_parameter"),
+    "logprobs_too_many": ("/v1/completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs", "invalid_value"),
+    "echo_with_logprobs": ("/v1/completions", {"prompt": "hi", "logprobs": 1, "echo": True}, 400, "echo",
+                           "unsupported_parameter"),
+    "top_logprobs_alone": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                    "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    "stream_options_without_stream": ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}},
+                                      400, "stream_options", "invalid_value"),
+    "logit_bias_bad_token": ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias",
+                             "invalid_value"),
+    "tokenize_without_content": ("/tokenize", {"text": "hi"}, 400, "content", "missing_field"),
+    "detokenize_outside_vocab": ("/detokenize", {"tokens": [10**9]}, 400, "tokens", "invalid_value"),
     "messages_missing": ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages", "missing_messages"),
     "messages_empty": ("/v1/chat/completions", {"messages": []}, 400, "messages", "invalid_type"),
     "message_without_role": ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0]",
@@ -238,6 +256,116 @@ def test_small_load_with_disconnects(gemma_ngram):
         assert r["completed"] == 6 and r["correct"] == 6 and r["disconnected"] == 2, r
 
 
+def test_logprobs_over_the_openai_client(gemma_ngram):
+    c = client(gemma_ngram)
+    full = c.completions.create(model="gemma-3-270m-q4_k_m", prompt=PROMPT, max_tokens=8, logprobs=2)
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == full.usage.completion_tokens
+    assert "".join(lp.tokens) == full.choices[0].text and all(v <= 0 for v in lp.token_logprobs)
+    assert all(tok in top for tok, top in zip(lp.tokens, lp.top_logprobs))
+    chunks = list(c.completions.create(model="gemma-3-270m-q4_k_m", prompt=PROMPT, max_tokens=8, logprobs=2,
+                                       stream=True))
+    assert [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] == lp.tokens
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = c.chat.completions.create(model="gemma-3-270m-q4_k_m", messages=messages, max_tokens=6, logprobs=True,
+                                     top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(e.token for e in content) == chat.choices[0].message.content
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob for e in content)
+    streamed = list(c.chat.completions.create(model="gemma-3-270m-q4_k_m", messages=messages, max_tokens=6,
+                                              logprobs=True, top_logprobs=2, stream=True))
+    assert [e.token for ch in streamed if ch.choices and ch.choices[0].logprobs
+            for e in ch.choices[0].logprobs.content] == [e.token for e in content]
+
+
+def test_stream_options_include_usage(gemma_ngram):
+    c = client(gemma_ngram)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chunks = list(c.chat.completions.create(model="gemma-3-270m-q4_k_m", messages=messages, max_tokens=8,
+                                            stream=True, stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == last.model_extra["specgguf"]["generated_tokens"]
+    assert all(ch.usage is None and ch.choices for ch in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+    plain = list(c.completions.create(model="gemma-3-270m-q4_k_m", prompt=PROMPT, max_tokens=4, stream=True,
+                                      stream_options={"include_usage": True}))
+    assert plain[-1].choices == [] and plain[-1].usage.total_tokens > 4
+
+
+def _metrics(server) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/plain"), text
+    values, helped = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            assert name.split("{")[0] in helped, line  # every sample has its HELP and TYPE
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_before_and_after_traffic(gemma_ngram):
+    before = _metrics(gemma_ngram)
+    full = client(gemma_ngram).completions.create(model="gemma-3-270m-q4_k_m", prompt=PROMPT, max_tokens=12)
+    stats = full.model_extra["specgguf"]
+    after = _metrics(gemma_ngram)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta['specgguf_requests_total{outcome="served"}'] == 1
+    assert delta["specgguf_generations_total"] == 1
+    assert delta["specgguf_completion_tokens_total"] == full.usage.completion_tokens
+    assert delta["specgguf_prompt_tokens_total"] == full.usage.prompt_tokens
+    for name, key in (("rounds", "rounds"), ("drafted_tokens", "drafted"), ("accepted_tokens", "accepted")):
+        assert delta[f"specgguf_{name}_total"] == stats[key], name
+    rounds, drafted, accepted = (after[f"specgguf_{n}_total"] for n in ("rounds", "drafted_tokens",
+                                                                       "accepted_tokens"))
+    assert after["specgguf_acceptance_rate"] == pytest.approx(accepted / drafted, abs=1e-5)
+    assert after["specgguf_tau"] == pytest.approx((accepted + rounds) / rounds, abs=1e-5)
+    assert after["specgguf_tokens_per_second"] > 0 and after["specgguf_requests_running"] == 0
+
+
+def test_tokenize_and_detokenize(gemma_ngram):
+    text = "Hello world, caf\u00e9 \u4e16\u754c"
+    status, _, got = raw(gemma_ngram, "POST", "/tokenize", {"content": text})
+    assert status == 200 and got["tokens"] and all(isinstance(t, int) for t in got["tokens"])
+    status, _, back = raw(gemma_ngram, "POST", "/detokenize", {"tokens": got["tokens"]})
+    assert status == 200 and back == {"content": text}
+    _, _, special = raw(gemma_ngram, "POST", "/tokenize", {"content": text, "add_special": True})
+    assert special["tokens"][0] == 2 and special["tokens"][1:] == got["tokens"]  # BOS
+    marker = "<start_of_turn>user"
+    _, _, parsed = raw(gemma_ngram, "POST", "/tokenize", {"content": marker})
+    _, _, literal = raw(gemma_ngram, "POST", "/tokenize", {"content": marker, "parse_special": False})
+    assert len(literal["tokens"]) > len(parsed["tokens"])  # the marker read as text, not as one token
+    _, _, pieces = raw(gemma_ngram, "POST", "/tokenize", {"content": "Hello world", "with_pieces": True})
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello world"
+    # llama-cpp-python's /extras: tokens with BOS (its tokenize() default), count, text
+    _, _, extras = raw(gemma_ngram, "POST", "/extras/tokenize", {"input": "Hello world"})
+    assert extras["tokens"][0] == 2 and extras["tokens"][1:] == [p["id"] for p in pieces["tokens"]]
+    _, _, count = raw(gemma_ngram, "POST", "/extras/tokenize/count", {"input": "Hello world"})
+    assert count == {"count": len(extras["tokens"])}
+    _, _, detok = raw(gemma_ngram, "POST", "/extras/detokenize", {"tokens": extras["tokens"][1:]})
+    assert detok == {"text": "Hello world"}
+
+
+def test_cors_preflight_from_a_browser_origin(gemma_ngram):
+    origin = "http://localhost:5173"
+    status, headers, _ = raw(gemma_ngram, "OPTIONS", "/v1/chat/completions", None, {
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert status == 200
+    assert headers["Access-Control-Allow-Origin"] in (origin, "*")
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert "authorization" in headers["Access-Control-Allow-Headers"].lower()
+    status, headers, body = raw(gemma_ngram, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                                {"Origin": origin})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] in (origin, "*") and body["choices"]
+
+
 def test_server_survives_everything_above(gemma_ngram):
     assert gemma_ngram.alive()
     text, streamed, _, _ = served_by_server(gemma_ngram, n=8)
@@ -276,6 +404,25 @@ def test_wrong_api_key(qwen_keyed, auth):
         assert_openai_error(payload, code="invalid_api_key")
     with pytest.raises(openai.AuthenticationError):
         client(qwen_keyed, "wrong-key").models.list()
+
+
+def test_cors_with_an_api_key_and_a_fixed_origin(qwen3_target):
+    """The preflight carries no key (browsers never send one): it is answered before the key
+    check; a refused request still carries the CORS header, so the page can read the error."""
+    origin = "https://app.example.com"
+    with start_server(qwen3_target, "--ctx", 128, "--api-key", KEY, "--cors-origins", origin) as server:
+        preflight = {"Origin": origin, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization"}
+        status, headers, _ = raw(server, "OPTIONS", "/v1/completions", None, preflight)
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
+        status, headers, _ = raw(server, "OPTIONS", "/v1/completions", None,
+                                 {**preflight, "Origin": "https://evil.example.com"})
+        assert status == 400 and "Access-Control-Allow-Origin" not in headers
+        status, headers, body = raw(server, "POST", "/v1/completions", {"prompt": "hi"}, {"Origin": origin})
+        assert status == 401 and headers["Access-Control-Allow-Origin"] == origin
+        assert_openai_error(body, code="invalid_api_key")
+    bad = run_cli("serve", qwen3_target, "--cors-origins", "localhost:3000", timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --cors-origins") and "Traceback" not in bad.stderr
 
 
 def test_full_queue_answers_503_with_retry_after(qwen_keyed):

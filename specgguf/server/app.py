@@ -17,12 +17,14 @@ import time
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..errors import UserError
 from ..params import RequestError
+from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 
 MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
@@ -54,11 +56,15 @@ class _ApiKey:
 
 async def _json_body(request: Request) -> dict:
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > MAX_BODY:
-            raise RequestError(f"the request body is over {MAX_BODY // (1024 * 1024)} MiB", status=413,
-                               code="request_too_large")
+    try:
+        async for part in request.stream():
+            data += part
+            if len(data) > MAX_BODY:
+                raise RequestError(f"the request body is over {MAX_BODY // (1024 * 1024)} MiB", status=413,
+                                   code="request_too_large")
+    except ClientDisconnect:  # nobody will read the answer; end the request quietly
+        raise RequestError("the client closed the request while sending it", status=499,
+                           code="cancelled") from None
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -68,16 +74,21 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64) -> Starlette:
-    """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use)."""
+def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
+               cors_origins=("*",)) -> Starlette:
+    """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use).
+
+    cors_origins: the browser origins allowed to call it (CORS, preflight included); "*", the
+    default as in llama-cpp-python's server, allows every origin; empty: no CORS headers."""
     model_id = model_id or llm.model_name
     scheduler = Scheduler(max_waiting)
+    metrics = Metrics()
     created = int(time.time())
     draft = llm.drafter.describe() if llm.drafter is not None else None
 
     def model_card() -> dict:
         return {"id": model_id, "object": "model", "created": created, "owned_by": "specgguf",
-                "specgguf": {"draft": draft, "draft_max": llm.engine.draft_max, "n_ctx": llm.n_ctx}}
+                "specgguf": {"draft": draft, "draft_max": llm.engine.draft_max, "n_ctx": llm.n_ctx()}}
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": model_id, "queue": scheduler.status()})
@@ -98,11 +109,13 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         body = await _json_body(request)
         if body.get("model") not in (None, model_id):
             return _unknown_model(body.get("model"))
-        req = llm.prepare(body, chat=chat)  # tokenizing is read-only on the model: safe beside the worker
+        # Tokenizing reads the vocabulary only (llama_tokenize keeps no state in it), so it may run
+        # here beside the worker's decode; the model is freed only after the server has stopped.
+        req = llm.prepare(body, chat=chat)
         req.model = model_id
         if req.stream:
             job = scheduler.submit(lambda cancelled: llm.response_chunks(req, cancelled))
-            return EventSourceResponse(_sse(job), sep="\n", ping=15, send_timeout=60)
+            return EventSourceResponse(_sse(job, metrics), sep="\n", ping=15, send_timeout=60)
         job = scheduler.submit(lambda cancelled: [llm.response(req, cancelled)])
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
@@ -111,6 +124,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
             watcher.cancel()
         if not items or items[0] is None:  # cancelled: the client has gone, nobody reads this
             return error_response(499, "the client closed the request", code="cancelled")
+        metrics.observe(items[0].get("specgguf"))
         return JSONResponse(items[0])
 
     async def completions(request: Request):
@@ -119,26 +133,95 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     async def chat_completions(request: Request):
         return await complete(request, chat=True)
 
+    # Tokenizing reads the vocabulary only: it runs here, beside the worker (see complete()).
+    async def tokenize(request: Request):
+        """llama-server's POST /tokenize: content, add_special (false), parse_special (true),
+        with_pieces (false) -> {"tokens": [ids, or {"id", "piece"} with with_pieces]}."""
+        body = await _json_body(request)
+        text = _field(body, "content", str)
+        add_special = _field(body, "add_special", bool, False)
+        parse_special = _field(body, "parse_special", bool, True)
+        tokens = llm.tokenize(text, add_bos=add_special, special=parse_special)
+        if _field(body, "with_pieces", bool, False):
+            tokens = [{"id": t, "piece": _piece(llm.detokenize([t]))} for t in tokens]
+        return JSONResponse({"tokens": tokens})
+
+    async def detokenize(request: Request):
+        """llama-server's POST /detokenize: tokens -> {"content"}."""
+        body = await _json_body(request)
+        tokens = _field(body, "tokens", list)
+        return JSONResponse({"content": llm.detokenize(tokens).decode("utf-8", "replace")})
+
+    async def extras_tokenize(request: Request):
+        """llama-cpp-python's POST /extras/tokenize (and /count): input -> {"tokens"} or {"count"}."""
+        body = await _json_body(request)
+        if body.get("model") not in (None, model_id):
+            return _unknown_model(body.get("model"))
+        tokens = llm.tokenize(_field(body, "input", str), special=True)
+        return JSONResponse({"count": len(tokens)} if request.url.path.endswith("/count") else {"tokens": tokens})
+
+    async def extras_detokenize(request: Request):
+        """llama-cpp-python's POST /extras/detokenize: tokens -> {"text"}."""
+        body = await _json_body(request)
+        if body.get("model") not in (None, model_id):
+            return _unknown_model(body.get("model"))
+        tokens = _field(body, "tokens", list)
+        return JSONResponse({"text": llm.detokenize(tokens).decode("utf-8", "replace")})
+
+    async def metrics_text(request: Request):
+        return PlainTextResponse(metrics.render(scheduler.status()),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/extras/tokenize", extras_tokenize, methods=["POST"]),
+        Route("/extras/tokenize/count", extras_tokenize, methods=["POST"]),
+        Route("/extras/detokenize", extras_detokenize, methods=["POST"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
     ]
     handlers = {RequestError: _request_error, UserError: _user_error, QueueFull: _queue_full, HTTPException: _http_error,
                 Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
     if api_key:
         app.add_middleware(_ApiKey, key=api_key)
-    app.state.scheduler = scheduler
+    if cors_origins:  # added last, so outermost: a preflight is answered before the key check
+        origins = list(cors_origins)
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["Retry-After"])
+    app.state.scheduler, app.state.metrics = scheduler, metrics
     return app
 
 
-async def _sse(job):
+def _field(body: dict, name: str, kind: type, default=None):
+    """A field of a small JSON body: required when default is None, of the given JSON type."""
+    value = body.get(name, default)
+    if value is None:
+        raise RequestError(f"'{name}' is required", param=name, code="missing_field")
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise RequestError(f"'{name}' must be a {dict(str='string', bool='boolean', list='list').get(kind.__name__)}",
+                           param=name, code="invalid_type")
+    return value
+
+
+def _piece(raw: bytes):
+    """A token's text, or its bytes when they are not valid UTF-8 alone (as llama-server)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+async def _sse(job, metrics: Metrics):
     """Chunks as server-sent events, then `[DONE]`; leaving early (a disconnect) cancels the job."""
     try:
         async for chunk in job:
+            metrics.observe(chunk.get("specgguf"))
             yield {"data": json.dumps(chunk)}
         yield {"data": "[DONE]"}
     except Exception as exc:  # a failure mid-stream: the status is sent already, so say it in-band
