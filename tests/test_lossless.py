@@ -20,8 +20,10 @@ N_TOKENS = 64
 # Logit units. On the Q4_K_M Gemma, the same tokens decoded one at a time or in a batch of
 # 2-8 differ by up to ~1.4 in the largest logit difference over the vocabulary (measured on
 # this CPU build): llama.cpp picks other matmul kernels for batches. A top-2 gap well inside
-# that noise is a near-tie; anything larger is a bug in the loop.
-NEAR_TIE = 0.5
+# that noise is a near-tie; anything larger is a bug in the loop. Auto lengths now verify
+# lookup drafts of up to 64 tokens, whose batches shift logits more than 2-8 did: a gap of
+# 0.54 was seen at such a width, so the bound is 1.0, still inside the measured noise.
+NEAR_TIE = 1.0
 
 
 def _gap(llm: SpecGGUF, prompt: list[int], generated: list[int], plain_tok: int, spec_tok: int) -> float:
