@@ -73,6 +73,8 @@ class Engine:
             self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
             if drafter is not None:
                 drafter.chooser = self.lengths
+                if drafter.lookup:
+                    self.lengths.calibration = self.profile.load_calibration()
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"draft_max must be 'auto' or a whole number >= 1 (got {draft_max!r})",
@@ -299,7 +301,9 @@ class Generation:
                 stats.record_round(len(draft), k)
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
-                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2), t2 - t1, conf)
+                    # a cold pass (the first this wide: native.Context._process) is not a cost
+                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2),
+                                   None if ctx.cold else t2 - t1, conf)
                 history.extend(verify[:k + 1])
                 id_last, pos0 = ids[-1], pos0 + k + 1
                 for tok in ids:

@@ -320,6 +320,8 @@ class Context(_Owned):
         self.n_ubatch = C.llama_n_ubatch(ptr)
         self.n_vocab = model.n_vocab
         self._layer_inp: set[int] = set()
+        # llama.cpp reserves one output row per sequence when it creates the context
+        self.widest_outputs, self.cold = 1, False  # see _process
         self._logits_view = None  # (address, [rows, n_vocab] view) for logits_block
 
     def _free(self, ptr):
@@ -341,6 +343,12 @@ class Context(_Owned):
         self._process(C.LLAMA_PROCESS_TYPE_ENCODE, batch)
 
     def _process(self, kind: int, batch: "Batch") -> None:
+        # the first pass with more outputs than any before grows llama.cpp's output buffer
+        # (tens of MB for a wide vocabulary, touched page by page): its time says nothing
+        # about that width's steady cost, so the cost model skips it (`cold`)
+        self.cold = batch.n_outputs > self.widest_outputs
+        if self.cold:
+            self.widest_outputs = batch.n_outputs
         rc = C.llama_process(self.ptr, kind, batch.ptr)
         if rc != 0:
             raise LlamaError(_PROCESS_ERRORS.get(rc, f"llama_process failed with code {rc}"))
@@ -440,7 +448,7 @@ class Batch(_Owned):
         self.ctx = ctx
         self._adopt_by(ctx)
         self.capacity = ctx.n_batch
-        self.n_tokens = 0
+        self.n_tokens = self.n_outputs = 0
         self._pos = (C.llama_pos * 4)()
 
     def _free(self, ptr):
@@ -448,7 +456,7 @@ class Batch(_Owned):
 
     def clear(self) -> "Batch":
         C.llama_batch_ext_clear(self.ptr)
-        self.n_tokens = 0
+        self.n_tokens = self.n_outputs = 0
         return self
 
     def add_token(self, token: int, pos: int, output: bool = False) -> int:
@@ -460,6 +468,7 @@ class Batch(_Owned):
         C.llama_batch_ext_set_pos(ptr, i, self._pos)
         if output:
             C.llama_batch_ext_set_output_logits(ptr, i, True)
+            self.n_outputs += 1
         self.n_tokens += 1
         return i
 
@@ -485,6 +494,7 @@ class Batch(_Owned):
         C.llama_batch_ext_set_pos(self.ptr, i, self._pos)
         if output:
             C.llama_batch_ext_set_output_logits(self.ptr, i, True)
+            self.n_outputs += 1
         self.n_tokens += 1
         return i
 

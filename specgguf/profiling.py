@@ -1,6 +1,7 @@
 """Cost profiles: measured per (target, draft, backend, threads, context depth), cached on disk.
 
-A profile is what `tuning.Costs` learned: V(n) by draft length and the draft's own costs.
+A profile is what `tuning.Costs` learned: V(n) by draft length and the draft's own costs;
+a lookup drafter's `tuning.Calibration` (confidence -> acceptance) is kept beside it.
 It is keyed by everything that changes them (the model files' identity, the llama.cpp
 library, threads, GPU layers, a depth bucket), so a changed file or setting simply misses
 the cache and is measured again, lazily, by the first rounds of a real generation.
@@ -19,7 +20,7 @@ import os
 from pathlib import Path
 
 from .defaults import cache_dir
-from .tuning import Costs
+from .tuning import Calibration, Costs
 
 PROFILE_VERSION = 2
 
@@ -45,7 +46,8 @@ def _draft_identity(draft: str | None):
     return [head, _draft_identity(rest)] if plus else draft
 
 
-def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int) -> str:
+def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str) -> str:
+    """bucket: a depth bucket, or "calibration" (a lookup drafter's calibration, all depths)."""
     from . import native
 
     parts = {
@@ -64,17 +66,18 @@ def _path(key: str) -> Path:
     return d / f"{key}.json"
 
 
-def load(key: str) -> Costs | None:
+def load(key: str, kind=Costs):
+    """A `kind` (Costs or Calibration) from the cache, or None."""
     try:
-        return Costs.from_dict(json.loads(_path(key).read_text()))
-    except (OSError, ValueError):
+        return kind.from_dict(json.loads(_path(key).read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def save(key: str, costs: Costs) -> None:
+def save(key: str, what) -> None:
     path = _path(key)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(costs.to_dict()))
+    tmp.write_text(json.dumps(what.to_dict()))
     os.replace(tmp, path)
 
 
@@ -92,6 +95,14 @@ class ProfileStore:
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()
+        self.calibration: Calibration | None = None  # set by `load_calibration`, saved with the costs
+
+    def load_calibration(self) -> Calibration:
+        """A lookup drafter's calibration as earlier runs left it (how often its confident
+        drafts were right on this target): a new process starts where the last one ended
+        instead of at the drafter's raw guess."""
+        self.calibration = load(self._key("calibration"), Calibration) or Calibration()
+        return self.calibration
 
     def _load(self, bucket: int) -> Costs | None:
         costs = load(self._key(bucket))
@@ -127,3 +138,8 @@ class ProfileStore:
                 except OSError:
                     pass  # a read-only cache only costs re-measuring next time
         self._dirty.clear()
+        if self.calibration is not None:
+            try:
+                save(self._key("calibration"), self.calibration)
+            except OSError:
+                pass
