@@ -125,10 +125,11 @@ def stats_dict(all_stats: list[GenerationStats]) -> dict:
 
 def _choice(llm, req, index: int, cancelled):
     """(generation, text pieces, logprob collector or None) of choice `index`: choice i > 0
-    of a seeded request runs with seed + i, so that the n choices differ but repeat."""
+    of a seeded request runs with seed + i (mod 2**64, the range of seeds), so that the n
+    choices differ but repeat."""
     sampling = dict(req.sampling)
     if index and sampling.get("seed") is not None:
-        sampling["seed"] += index
+        sampling["seed"] = (sampling["seed"] + index) % (1 << 64)
     gen, text = llm.stream_tokens(req.tokens, req.max_tokens, req.stop, sampling, cancelled=cancelled,
                                   grammar=req.grammar)
     rows = None

@@ -215,6 +215,14 @@ def test_echo_n_and_stream_options(llm):
     assert texts[0] == texts[1]  # greedy choices agree
 
 
+def test_n_choices_seeds_wrap_at_the_top_of_the_range(llm):
+    """Choice i of a seeded request runs with seed + i, modulo 2**64 (the range of seeds): the
+    largest seed with n = 2 is no error, and its second choice is the run with seed 0."""
+    top = llm.create_completion(PROMPT, max_tokens=8, n=2, temperature=1.0, seed=2**64 - 1)
+    zero = llm.create_completion(PROMPT, max_tokens=8, temperature=1.0, seed=0)
+    assert top["choices"][1]["text"] == zero["choices"][0]["text"]
+
+
 def test_llama_model_methods_and_keywords(llm, qwen3_target):
     assert llm.n_ctx() == 512 and llm.n_vocab() > 0
     assert llm.metadata["general.architecture"] == "qwen3"
