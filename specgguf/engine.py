@@ -269,11 +269,15 @@ class Generation:
                 draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
                 if self.constraint is not None:
                     draft, qs = self._constrain(draft, qs)
+                own_conf = None  # a sequential drafter's scores of its tokens (it stopped by them)
                 if lengths is not None and drafter is not None and drafter.last_confidence is not None:
-                    conf = drafter.last_confidence[:len(draft)]
-                    n_keep = lengths.cut(conf)
-                    draft, conf = draft[:n_keep], conf[:n_keep]
-                    qs = qs[:n_keep] if qs is not None else None
+                    if drafter.lookup:
+                        conf = drafter.last_confidence[:len(draft)]
+                        n_keep = lengths.cut(conf)
+                        draft, conf = draft[:n_keep], conf[:n_keep]
+                        qs = qs[:n_keep] if qs is not None else None
+                    else:
+                        own_conf = drafter.last_confidence[:len(draft)]
                 if drafter is not None:
                     drafter.rollback(pos0)
                 t1 = clock()
@@ -303,7 +307,7 @@ class Generation:
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost
                     lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2),
-                                   None if ctx.cold else t2 - t1, conf)
+                                   None if ctx.cold else t2 - t1, conf, own_conf)
                 history.extend(verify[:k + 1])
                 id_last, pos0 = ids[-1], pos0 + k + 1
                 for tok in ids:

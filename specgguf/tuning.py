@@ -322,6 +322,8 @@ class LengthController:
         self.costs = costs or Costs()
         self.acceptance = Acceptance(n_max, prior)
         self.calibration = Calibration()  # kept across generations: it describes the drafter
+        # a sequential drafter's own confidence (a draft model's probabilities) -> acceptance
+        self.draft_calibration = Calibration()
         self.probe_every = probe_every
         self.rebase_every = 32
         self._probe_after = probe_every
@@ -368,6 +370,31 @@ class LengthController:
         draft = [self.costs.draft_cost(n) for n in range(n_max + 1)]
         return best_prefix(self.costs, self.acceptance.rates(), n_max, draft_cost=draft)
 
+    def keep_drafting(self, confidence, n_max: int) -> bool:
+        """A sequential drafter has drafted len(confidence) tokens of a planned n_max, scored
+        by its own confidence: does drafting on pay? Yes while some longer prefix (the tokens
+        still to come judged by the acceptance measured per position) has a better expected
+        tokens per second than stopping here; so an unsure draft stops early, as llama.cpp's
+        --draft-p-min does, with the threshold set by the costs measured here."""
+        k = len(confidence)
+        if k >= n_max:
+            return False
+        costs = self.costs
+        if not costs.verify:
+            return True  # nothing measured yet: the planned length stands
+        v = costs.curve_list(n_max)
+        e, run = 1.0, 1.0
+        for r in self.draft_calibration.rates(confidence):
+            run *= r
+            e += run
+        stop = e / (v[k] + costs.draft_cost(k) + 1e-12)
+        for m, a in enumerate(self.acceptance.rates()[k:n_max], start=k + 1):
+            run *= a
+            e += run
+            if e / (v[m] + costs.draft_cost(m) + 1e-12) > stop * 1.0001:
+                return True
+        return False
+
     def plan_rate(self, n: int) -> float:
         """Expected tokens per second of a sequential draft of n tokens (the lookup that ran
         anyway included): what a hybrid compares a lookup draft's `value` with."""
@@ -401,9 +428,10 @@ class LengthController:
         return n
 
     def record(self, n_asked: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               confidence=None) -> None:
+               confidence=None, draft_confidence=None) -> None:
         """One round's outcome. confidence: the raw scores of the verified draft tokens (a
-        lookup round), else None (a sequential round, or a plain one). verify_s: None when the
+        lookup round), else None (a sequential round, or a plain one). draft_confidence: a
+        sequential drafter's own scores of its tokens, if it has any. verify_s: None when the
         pass's time is no measure of its width (the first pass that wide)."""
         if verify_s is not None:
             self.costs.observe_verify(n_drafted, verify_s)
@@ -414,3 +442,5 @@ class LengthController:
         elif n_asked > 0:
             self.costs.observe_draft(max(n_drafted, 1), draft_s)
             self.acceptance.update(n_drafted, n_accepted)
+            if draft_confidence and n_drafted:
+                self.draft_calibration.update(draft_confidence[:n_drafted], n_accepted)

@@ -256,6 +256,43 @@ def test_profile_cache_misses_when_the_model_file_changes(tmp_path, monkeypatch)
     assert profiling.profile_key(model, "ngram", 4, 0, 0) != profiling.profile_key(model, "ngram", 2, 0, 0)
 
 
+def test_sequential_draft_stops_where_its_own_confidence_says_the_rest_will_not_pay():
+    """A draft model scores each token as it drafts it (llama.cpp's top-10 probability): with
+    cheap verify and a sure draft it drafts the planned length; a token it is unsure of ends
+    the draft there when one more costs more than it is expected to bring, and the same
+    doubt is no reason to stop where verify is nearly free. With a fixed length (no chooser)
+    it drafts on."""
+    from specgguf.drafters.base import Drafter
+
+    cheap = LengthController(8, costs(10e-3, 0.2e-3, draft_round=0.1e-3, draft_step=0.2e-3))
+    dear = LengthController(8, costs(10e-3, 5e-3, draft_round=0.1e-3, draft_step=1e-3))
+    for ctl in (cheap, dear):
+        for _ in range(20):
+            ctl.acceptance.update(8, 8)  # this text: drafts have been accepted
+    assert cheap.keep_drafting([0.95] * 3, 8) and dear.keep_drafting([0.99] * 2, 8)
+    assert not dear.keep_drafting([0.95, 0.95, 0.05], 8)
+    assert cheap.keep_drafting([0.95, 0.95, 0.3], 8)
+    assert not cheap.keep_drafting([0.95] * 8, 8)  # the plan's end
+    d = Drafter()
+    assert d.keep_drafting([0.01], 8) and not d.keep_drafting([0.9] * 8, 8)
+    d.chooser = dear
+    assert not d.keep_drafting([0.95, 0.95, 0.05], 8)
+
+
+def test_sequential_confidence_is_calibrated_by_what_verification_accepts():
+    """A boastful draft (sure of every token, right about half of them) is corrected: after
+    some rounds its confidence 0.99 is read as about 0.5, and the dear verify then stops it
+    early although every token claims 0.99."""
+    ctl = LengthController(8, costs(10e-3, 5e-3, draft_round=0.1e-3, draft_step=1e-3))
+    for _ in range(20):
+        ctl.acceptance.update(8, 8)
+    assert ctl.keep_drafting([0.99] * 2, 8)
+    for _ in range(200):
+        ctl.record(4, 4, 1, 2e-3, 40e-3, None, [0.99] * 4)  # only the first of 4 accepted
+    assert ctl.draft_calibration.rates([0.99])[0] < 0.6
+    assert not ctl.keep_drafting([0.99] * 2, 8)
+
+
 def test_lookup_calibration_carries_to_the_next_process(tmp_path, monkeypatch):
     """What verification taught the calibration (a lookup drafter's confident drafts are
     right) is saved with the profile: the next process starts calibrated, not at the raw

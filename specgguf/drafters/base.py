@@ -32,6 +32,10 @@ match is and how often its continuation followed it; a model draft: its probabil
 engine treats these as raw scores: it calibrates them against what verification accepts
 (tuning.Calibration) and keeps the prefix of the draft with the best expected tokens per
 second. None: no estimate; acceptance measured per position on this text is used instead.
+A sequential drafter (a draft model, eagle3, mtp) scores each token as it drafts it and
+asks `keep_drafting(confidences, n_max)` before the next: in auto mode the chooser says
+whether one more token still pays (an unsure draft stops early), with a fixed length it
+drafts on (to n_max, or to its --draft-p-min) as llama.cpp does.
 
 `lookup = True` (ngram, suffix): a draft costs next to nothing whatever its length, so in
 auto mode the engine asks for `max_length` tokens every round and cuts the draft to the
@@ -96,3 +100,9 @@ class Drafter:
 
     def close(self) -> None:
         pass
+
+    def keep_drafting(self, confidence: list, n_max: int) -> bool:
+        """A sequential drafter's check before drafting token len(confidence) + 1 of at most
+        n_max (see the module doc): the auto chooser decides, a fixed length drafts on."""
+        chooser = self.chooser
+        return len(confidence) < n_max and (chooser is None or chooser.keep_drafting(confidence, n_max))

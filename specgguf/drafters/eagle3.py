@@ -74,18 +74,23 @@ class Eagle3Drafter(HiddenStateDrafter):
         b.clear().add_embedding(self.pending_g, pos, True, token=id_last)
         ctx.decode(b)
         out: list[int] = []
+        self.last_confidence = conf = []
         while True:
             logits = ctx.logits(0)
             tok = int(logits.argmax())
-            if self.p_min > 0 and top10_prob(logits, tok) < self.p_min:
+            p_tok = top10_prob(logits, tok)
+            if self.p_min > 0 and p_tok < self.p_min:
                 break
             h = ctx.embeddings_nextn_ith(0, self.n_embd_dec)
             out.append(tok)
-            if len(out) >= n_max:
+            conf.append(p_tok)
+            if not self.keep_drafting(conf, n_max):
                 break
             b.clear().add_embedding(h, pos + len(out), True, token=tok)
             ctx.decode(b)
-        return out if len(out) >= self.n_min else []
+        if len(out) < self.n_min:
+            self.last_confidence = out = []
+        return out
 
     def accept(self, n_accepted: int) -> None:
         r = min(n_accepted, len(self.verify_g) - 1)

@@ -75,25 +75,32 @@ class ModelDrafter(Drafter):
         self._kv_end = max(self._kv_end, pos0 + max(n_max, 1) + 1)  # an upper bound is enough
         out: list[int] = []
         qs: list = []
+        self.last_confidence = conf = []
         recent = sampler.window(history, id_last) if sampler is not None else []
         self.last_q = None
         while True:
             logits = ctx.logits(0)
             # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
             # token would skew the proposals away from the q that `ratio` is told about
-            if self.p_min > 0 and top10_prob(logits, int(logits.argmax())) < self.p_min:
+            top = int(logits.argmax())
+            p_top = top10_prob(logits, top)
+            if self.p_min > 0 and p_top < self.p_min:
                 break
             if sampler is None:
-                tok, q = int(logits.argmax()), None
+                tok, q = top, None
             else:
                 tok, q = sampler.propose(logits, recent + out, pos0 + 1 + len(out))
             out.append(tok)
             qs.append(q)
-            if len(out) >= n_max:
+            # the confidence of the draft's top candidate, again not of a drawn token (the
+            # decision to draft on may depend on tokens drafted, never on one it discards)
+            conf.append(p_top)
+            if not self.keep_drafting(conf, n_max):
                 break
             b.clear().add_token(tok, pos0 + len(out), True)
             ctx.decode(b)
         if len(out) < self.n_min:
+            self.last_confidence = []
             return []
         if any(q is not None for q in qs):
             self.last_q = qs

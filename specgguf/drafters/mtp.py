@@ -61,6 +61,7 @@ class MTPDrafter(Drafter):
     def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
         ctx, b = self.ctx, self.batch
         out: list[int] = []
+        self.last_confidence = conf = []
         tok, h = id_last, self.pending
         while len(out) < n_max:
             b.clear()
@@ -68,11 +69,17 @@ class MTPDrafter(Drafter):
             ctx.decode(b)
             logits = ctx.logits(0)
             tok = int(logits.argmax())
-            if top10_prob(logits, tok) < self.p_min:
+            p_tok = top10_prob(logits, tok)
+            if p_tok < self.p_min:
                 break
             out.append(tok)
+            conf.append(p_tok)
+            if not self.keep_drafting(conf, n_max):
+                break
             h = ctx.embeddings_nextn_ith(0, self.width).copy()
-        return out if len(out) >= self.n_min else []
+        if len(out) < self.n_min:
+            self.last_confidence = out = []
+        return out
 
     def close(self) -> None:
         target = getattr(self, "target", None)
