@@ -73,8 +73,11 @@ class Engine:
             self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
             if drafter is not None:
                 drafter.chooser = self.lengths
+                # how far the drafter's confidence can be trusted, as earlier runs measured it
                 if drafter.lookup:
                     self.lengths.calibration = self.profile.load_calibration()
+                else:
+                    self.lengths.draft_calibration = self.profile.load_calibration()
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"draft_max must be 'auto' or a whole number >= 1 (got {draft_max!r})",

@@ -1,7 +1,7 @@
 """Cost profiles: measured per (target, draft, backend, threads, context depth), cached on disk.
 
 A profile is what `tuning.Costs` learned: V(n) by draft length and the draft's own costs;
-a lookup drafter's `tuning.Calibration` (confidence -> acceptance) is kept beside it.
+the drafter's `tuning.Calibration` (its confidence -> acceptance) is kept beside it.
 It is keyed by everything that changes them (the model files' identity, the llama.cpp
 library, threads, GPU layers, a depth bucket), so a changed file or setting simply misses
 the cache and is measured again, lazily, by the first rounds of a real generation.
@@ -47,7 +47,7 @@ def _draft_identity(draft: str | None):
 
 
 def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str) -> str:
-    """bucket: a depth bucket, or "calibration" (a lookup drafter's calibration, all depths)."""
+    """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths)."""
     from . import native
 
     parts = {
@@ -98,9 +98,9 @@ class ProfileStore:
         self.calibration: Calibration | None = None  # set by `load_calibration`, saved with the costs
 
     def load_calibration(self) -> Calibration:
-        """A lookup drafter's calibration as earlier runs left it (how often its confident
-        drafts were right on this target): a new process starts where the last one ended
-        instead of at the drafter's raw guess."""
+        """A drafter's calibration as earlier runs left it (how often its confident drafts
+        were right on this target): a new process starts where the last one ended instead
+        of at the drafter's raw guess."""
         self.calibration = load(self._key("calibration"), Calibration) or Calibration()
         return self.calibration
 
