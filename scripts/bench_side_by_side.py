@@ -13,7 +13,9 @@ folder before llama_cpp is imported, as in bench_vs_cpp.py):
                                    demo command, the default a user is shown)
   specgguf ngram first run         the same with an empty profile cache (a new user's first run)
 Every run of a specgguf row opens a new SpecGGUF (no suffix store carried from the run
-before; the agentic loop below is where it is meant to carry).
+before; the agentic loop below is where it is meant to carry). The C++ tool stops after the
+round that passes -n, so it decodes up to one draft more than asked: every other row decodes
+as many tokens as the C++ runs of that prompt did (their median), so all rows do the same work.
 
 Single prompts: copy a list (the README demo), copy a function, edit a function, reformat a
 JSON document, open-ended prose. Rows run interleaved, --repeat times, and the fastest run of
@@ -23,8 +25,9 @@ reports its own. py us/round: specgguf's time per round outside llama_process (t
 loop's own cost), beside the C++ tool's whole round (ms).
 
 Agentic loop: --turns requests through one SpecGGUF (the Python API, as an app embeds it),
-each a fresh prompt that hands the model its previous answer and asks for a revision: the
-suffix store carries what the earlier turns wrote. Reported: tokens/s over all turns.
+each a fresh prompt in which an editing agent re-reads the file its previous turn wrote and
+asks for the next version: the suffix store carries what the earlier turns wrote. Reported:
+tokens/s over all turns.
 
     python scripts/bench_side_by_side.py [--max-tokens 128] [--repeat 3] [--turns 6]
                                          [--threads N] [--out bench/side_by_side.json]
@@ -183,17 +186,18 @@ def spec_run(target, draft, prompt, max_tokens, threads, cache_dir) -> dict:
 
 
 def agentic(target, draft, turns, max_tokens, threads, cache_dir) -> dict:
-    """`turns` requests through one SpecGGUF: each hands the model its previous answer (a tool
-    output it re-reads) and asks for one revision, printed whole."""
+    """`turns` requests through one SpecGGUF, as an editing agent sends them: each re-reads the
+    file from its editor tool (the previous turn's answer), passes one change request and
+    lets the model write the file's next version (up to the next command line). The embedded
+    base model mostly rewrites the file as it was: a copy-and-revise loop."""
     os.environ["SPECGGUF_CACHE"] = str(cache_dir)
-    system = ("You are a careful coding agent. You receive the current file from the editor tool and "
-              "one change request. Reply with the complete updated file and nothing else.\n\n")
     current, tokens, seconds = FUNCTION, 0, 0.0
     with SpecGGUF(target, draft=draft, n_ctx=4096, n_threads=threads) as llm:
         for t in range(turns):
-            prompt = (f"{system}Tool output (editor.read moving_average.py):\n{current}\n"
-                      f"Change request: {TASKS[t % len(TASKS)]}\n\nUpdated file:\n")
-            r = llm.generate(prompt, max_tokens=max_tokens)
+            prompt = (f"$ editor read moving_average.py  # version {t + 1}\n{current}\n"
+                      f"$ editor request  # {TASKS[t % len(TASKS)]}\n"
+                      f"$ editor write moving_average.py  # version {t + 2}\n")
+            r = llm.generate(prompt, max_tokens=max_tokens, stop=["\n$ "])
             tokens, seconds = tokens + r.stats.generated_tokens, seconds + r.stats.decode_s
             current = r.text.strip() + "\n" if r.text.strip() else current
     return {"tok_s": tokens / seconds if seconds else 0.0, "tokens": tokens}
@@ -247,24 +251,31 @@ def main() -> int:
         spec_run(target, draft, PROMPTS[prompts[0]], a.max_tokens, a.threads, warm_cache)
 
     lcp = LcpLookup(target, a.threads)
-    rows = {"cpp ngram-simple": lambda p: cpp_run(target, p, "ngram-simple", None, a.max_tokens, a.threads),
-            "cpp ngram-mod": lambda p: cpp_run(target, p, "ngram-mod", None, a.max_tokens, a.threads)}
+    # every row is fn(prompt, tokens); C++ rows run first and overshoot -n by up to one draft
+    # (they stop after the round that passes it); the other rows then decode as many tokens
+    # as the C++ runs of that prompt did (their median), so that all rows do the same work
+    rows = {"cpp ngram-simple": lambda p, n: cpp_run(target, p, "ngram-simple", None, n, a.threads),
+            "cpp ngram-mod": lambda p, n: cpp_run(target, p, "ngram-mod", None, n, a.threads)}
     for spec_type, m in best_m.items():
         if m is not None:
-            rows[f"cpp {spec_type} m={m}"] = (lambda st, mm: lambda p: cpp_run(target, p, st, mm, a.max_tokens,
-                                                                                 a.threads))(spec_type, m)
-    rows["llama-cpp-python lookup"] = lambda p: lcp.run(p, a.max_tokens)
-    rows["specgguf plain"] = lambda p: spec_run(target, None, p, a.max_tokens, a.threads, warm_cache)
-    rows["specgguf ngram (default)"] = lambda p: spec_run(target, "ngram", p, a.max_tokens, a.threads, warm_cache)
-    rows["specgguf suffix"] = lambda p: spec_run(target, "suffix", p, a.max_tokens, a.threads, warm_cache)
+            rows[f"cpp {spec_type} m={m}"] = (lambda st, mm: lambda p, n: cpp_run(target, p, st, mm, n,
+                                                                                    a.threads))(spec_type, m)
+    rows["llama-cpp-python lookup"] = lambda p, n: lcp.run(p, n)
+    rows["specgguf plain"] = lambda p, n: spec_run(target, None, p, n, a.threads, warm_cache)
+    rows["specgguf ngram (default)"] = lambda p, n: spec_run(target, "ngram", p, n, a.threads, warm_cache)
+    rows["specgguf suffix"] = lambda p, n: spec_run(target, "suffix", p, n, a.threads, warm_cache)
     first_runs = iter(range(10 ** 6))
-    rows["specgguf ngram first run"] = lambda p: spec_run(target, "ngram", p, a.max_tokens, a.threads,
-                                                          work / f"empty-{next(first_runs)}")
+    rows["specgguf ngram first run"] = lambda p, n: spec_run(target, "ngram", p, n, a.threads,
+                                                             work / f"empty-{next(first_runs)}")
     results: dict = {name: {p: [] for p in prompts} for name in rows}
+    budget: dict = {}
     for rep in range(a.repeat):
         for p in prompts:
             for name, fn in rows.items():
-                results[name][p].append(fn(PROMPTS[p]))
+                if not name.startswith("cpp ") and p not in budget:
+                    made = sorted(results[n][p][-1]["tokens"] for n in rows if n.startswith("cpp "))
+                    budget[p] = made[len(made) // 2] if made else a.max_tokens
+                results[name][p].append(fn(PROMPTS[p], a.max_tokens if name.startswith("cpp ") else budget[p]))
         print(f"  repeat {rep + 1}/{a.repeat} done")
     agent = {d or "plain": [] for d in (None, "ngram", "suffix")}
     for rep in range(a.repeat):
@@ -273,7 +284,9 @@ def main() -> int:
 
     table = {name: {p: best(runs) for p, runs in by_p.items()} for name, by_p in results.items()}
     head = f"{'row':<28}" + "".join(f"{p:>15}" for p in prompts)
-    print("\ntokens/s (best of %d); [mean draft, py us/round | C++ ms/round]" % a.repeat)
+    print("\ntokens decoded per prompt: C++ -n %d (it overshoots by up to a draft); the other rows: %s"
+          % (a.max_tokens, ", ".join(f"{p} {n}" for p, n in budget.items())))
+    print("tokens/s (best of %d); [mean draft, py us/round | C++ ms/round]" % a.repeat)
     print(head)
     for name, by_p in table.items():
         cells = []
@@ -313,7 +326,7 @@ def main() -> int:
         "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
                     "load_start": load, "load_end": load_end},
         "model": "Gemma 3 270M Q4_K_M (embedded default)", "max_tokens": a.max_tokens, "repeat": a.repeat,
-        "best_size_m": best_m, "runs": results, "best": table, "agentic": agent, "ratios": ratios,
+        "best_size_m": best_m, "tokens": budget, "runs": results, "best": table, "agentic": agent, "ratios": ratios,
     }, indent=1))
     print(f"saved {out}")
     return 0
