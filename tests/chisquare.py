@@ -1,6 +1,7 @@
 """Pearson's chi-square goodness of fit, numpy and math only (no scipy here).
 
-`gof(observed, expected_probs)` pools the cells whose expected count is under 5 (the usual
+`target_probs` is the exact distribution a sampled engine must reproduce (a plain decode of
+the target through the same transform). `gof(observed, expected_probs)` pools the cells whose expected count is under 5 (the usual
 validity condition) into one, and returns (statistic, degrees of freedom). `pvalue` is the
 chi-square upper tail: the regularised upper incomplete gamma Q(df/2, x/2), by its power
 series below a + 1 and its continued fraction above (both converge fast there).
@@ -80,3 +81,17 @@ def _gamma_q(a: float, x: float) -> float:
         if abs(delta - 1) < 1e-15:
             break
     return h * math.exp(log_pre)
+
+
+def target_probs(llm, prompt, prefix, sampling):
+    """p(. | prompt + prefix) from a plain decode of the target, through the same transform;
+    the mass of all end-of-generation tokens goes to one extra cell, the last."""
+    from specgguf.sampling import Sampler
+
+    ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
+    ctx.clear()
+    batch.clear().add_tokens(prompt + list(prefix), 0, "last")
+    ctx.decode(batch)
+    p = Sampler(sampling).probs(ctx.logits(len(prompt) + len(prefix) - 1))
+    eog = np.array([model.is_eog(t) for t in range(p.size)])
+    return np.append(np.where(eog, 0.0, p), p[eog].sum())

@@ -26,10 +26,10 @@ import pytest
 
 import specgguf.engine as engine_mod
 import specgguf.verify as verify_mod
-from chisquare import gof, pvalue
+from chisquare import gof, pvalue, target_probs
 from specgguf import noise as noise_mod
 from specgguf.api import SpecGGUF
-from specgguf.sampling import Sampler, SamplingParams
+from specgguf.sampling import SamplingParams
 from specgguf.synthetic import QwenShape, write_qwen3
 from specgguf.verify import ratio as real_ratio
 
@@ -49,18 +49,6 @@ def llm(synth_dir, qwen3_target):
     far_draft = write_qwen3(synth_dir / "qwen3-far-draft.gguf", QwenShape(), seed=0, perturb=0.5)
     with SpecGGUF(qwen3_target, draft=str(far_draft), draft_max=2, n_ctx=64, n_threads=1) as spec:
         yield spec
-
-
-def target_probs(llm, prompt, prefix, sampling):
-    """p(. | prompt + prefix) from a plain decode of the target, through the same transform;
-    the mass of all end-of-generation tokens goes to one extra cell, the last."""
-    ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
-    ctx.clear()
-    batch.clear().add_tokens(prompt + list(prefix), 0, "last")
-    ctx.decode(batch)
-    p = Sampler(sampling).probs(ctx.logits(len(prompt) + len(prefix) - 1))
-    eog = np.array([model.is_eog(t) for t in range(p.size)])
-    return np.append(np.where(eog, 0.0, p), p[eog].sum())
 
 
 def sample_pairs(llm, sampling_kw, accept, n_seeds):

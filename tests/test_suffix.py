@@ -9,11 +9,11 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from chisquare import gof, pvalue
+from chisquare import gof, pvalue, target_probs
 from conftest import run_cli
 from specgguf.api import SpecGGUF
 from specgguf.drafters.suffix import SuffixDrafter, TokenStore
-from specgguf.sampling import Sampler, SamplingParams
+from specgguf.sampling import SamplingParams
 from test_cli import assert_one_line_error
 
 # -- lookups (no model) ----------------------------------------------------------------------
@@ -129,18 +129,6 @@ N_SEEDS = 1200
 ALPHA = 1e-3  # as test_sampling_distribution: fixed seeds, so a fixed outcome
 MIN_GROUP = 25
 REPEAT_PROMPT = "the cat sat on the mat and the cat sat on the mat and the cat sat on the"
-
-
-def target_probs(llm, prompt, prefix, sampling):
-    """p(. | prompt + prefix) from a plain decode of the target, through the same transform;
-    the mass of all end-of-generation tokens goes to one extra cell, the last."""
-    ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
-    ctx.clear()
-    batch.clear().add_tokens(prompt + list(prefix), 0, "last")
-    ctx.decode(batch)
-    p = Sampler(sampling).probs(ctx.logits(len(prompt) + len(prefix) - 1))
-    eog = np.array([model.is_eog(t) for t in range(p.size)])
-    return np.append(np.where(eog, 0.0, p), p[eog].sum())
 
 
 def _sample_pairs(llm, prompt, sampling_kw, n_seeds):
