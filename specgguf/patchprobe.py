@@ -1,11 +1,13 @@
 """Does the loaded libllama carry specgguf's eagle3 patches (specgguf.patches; `specgguf build-llama --patched`)?
 
-DeepSpec Eagle3 drafts read 5 target layers and normalise q/k per head; the stock eagle3
-loader refuses both. The patches add no symbol to look for, so we ask the library itself:
-a tiny eagle3 GGUF with 5 target layers and q/k norm tensors is loaded in a *subprocess*
-(a library that misbehaves on it must never take the user's process down). The answer is
-cached per library file (path, mtime, size) in the user cache, so the probe runs once per
-install, not once per run.
+DeepSpec Eagle3 drafts read 5 target layers and normalise q/k per head (patches 0001, 0002),
+and the Gemma-4 ones also have Gemma's decoder layer (0003, docs/patches.md); the stock eagle3
+loader refuses all of it. The patches add no symbol to look for, so we ask the library itself:
+a tiny eagle3 GGUF with 5 target layers and q/k norm tensors (plus, for `gemma=True`, the
+Gemma-4 layer's keys and tensors) is loaded in a *subprocess* (a library that misbehaves on it
+must never take the user's process down). Two levels, because a build made with 0001-0002
+alone still runs Qwen3 drafts. Each answer is cached per library file (path, mtime, size) and
+level in the user cache, so a probe runs once per install, not once per run.
 """
 
 from __future__ import annotations
@@ -37,18 +39,18 @@ def cache_file() -> Path:
     return Path(base) / "specgguf" / "eagle3-patch.json"
 
 
-def _key(lib: str) -> str | None:
+def _key(lib: str, gemma: bool) -> str | None:
     try:
         st = os.stat(lib)
     except OSError:
         return None
-    return f"{os.path.realpath(lib)}|{st.st_mtime_ns}|{st.st_size}"
+    return f"{os.path.realpath(lib)}|{st.st_mtime_ns}|{st.st_size}{'|gemma4' if gemma else ''}"
 
 
-def has_eagle3_patch(lib: str | None = None) -> bool:
+def has_eagle3_patch(lib: str | None = None, gemma: bool = False) -> bool:
     """True when `lib` (default: the libllama this process loaded) runs K-layer eagle3
-    drafts with q/k norms. SPECGGUF_EAGLE3_PATCHED=0/1 overrides the probe (tests, or a
-    library the probe cannot run)."""
+    drafts with q/k norms and, with `gemma`, the Gemma-4 layer too. SPECGGUF_EAGLE3_PATCHED=0/1
+    overrides the probe (tests, or a library the probe cannot run)."""
     forced = os.environ.get("SPECGGUF_EAGLE3_PATCHED")
     if forced in ("0", "1"):
         return forced == "1"
@@ -56,7 +58,7 @@ def has_eagle3_patch(lib: str | None = None) -> bool:
         from . import native
 
         lib = native.library_path()
-    key = _key(lib) if lib else None
+    key = _key(lib, gemma) if lib else None
     if key is None:
         return False
     if key in _memo:
@@ -65,7 +67,7 @@ def has_eagle3_patch(lib: str | None = None) -> bool:
     if key in cached:
         _memo[key] = bool(cached[key])
         return _memo[key]
-    answer = _probe(lib)
+    answer = _probe(lib, gemma) if gemma else _probe(lib)
     if answer is not None:  # a crash or timeout is not an answer: do not remember it
         _memo[key] = answer
         cached[key] = answer
@@ -73,14 +75,14 @@ def has_eagle3_patch(lib: str | None = None) -> bool:
     return bool(answer)
 
 
-def _probe(lib: str) -> bool | None:
+def _probe(lib: str, gemma: bool = False) -> bool | None:
     from .synthetic import DraftShape, QwenShape, write_eagle3
 
     with tempfile.TemporaryDirectory(prefix="specgguf-probe-") as tmp:
         path = Path(tmp) / "probe-eagle3.gguf"
         target = QwenShape(n_layer=6, n_embd=32, n_merges=8)
         shape = DraftShape(n_head=2, n_head_kv=1, head_dim=16, n_ff=32, n_embd=32)
-        write_eagle3(path, target, layers=PROBE_LAYERS, shape=shape, qk_norm=True)
+        write_eagle3(path, target, layers=PROBE_LAYERS, shape=shape, qk_norm=True, gemma_layer=gemma)
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": os.path.dirname(os.path.realpath(lib))}
         try:
             proc = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, timeout=120,

@@ -279,9 +279,11 @@ def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
 def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
                  seed: int = 10, own_head: bool = True, counting_target_seed: int | None = None,
                  target_hidden_size: int | None = None, tokenizer: dict | None = None,
-                 qk_norm: bool = False) -> Path:
+                 qk_norm: bool = False, gemma_layer: bool = False) -> Path:
     """A 1-layer EAGLE-3 draft (llama.cpp's `eagle3` arch) reading `layers` target layer inputs
-    (3 for classic EAGLE-3; other counts and `qk_norm` need the patched build, patches/).
+    (3 for classic EAGLE-3; other counts, `qk_norm` and `gemma_layer` need the patched build,
+    docs/patches.md). gemma_layer: Gemma 4's layer (K = V without attn_v, post-attention and
+    post-FFN norms, layer scalar, GELU-tanh, embedding and attention scales, soft-capping).
 
     counting_target_seed: the seed of a counting target (write_qwen3(counting=True)); the
     draft then passes the target's features straight through (fc averages the layers,
@@ -307,6 +309,14 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
          "blk.0.ffn_up.weight": mat(shape.n_ff, H), "blk.0.ffn_down.weight": mat(H, shape.n_ff)}
     if qk_norm:
         t["blk.0.attn_q_norm.weight"], t["blk.0.attn_k_norm.weight"] = norm(hd), norm(hd)
+    if gemma_layer:
+        del t["blk.0.attn_v.weight"]
+        t["blk.0.post_attention_norm.weight"], t["blk.0.post_ffw_norm.weight"] = norm(H), norm(H)
+        t["blk.0.layer_output_scale.weight"] = np.array([0.5], dtype=np.float32)
+        w.add_string("eagle3.hidden_activation", "gelu_pytorch_tanh")
+        w.add_float32("eagle3.embedding_scale", float(np.sqrt(H)))
+        w.add_float32("eagle3.attention.scale", 1.0)
+        w.add_float32("eagle3.final_logit_softcapping", 30.0)
     if own_head:
         t["token_embd.weight"] = mat(n_vocab, H, 1.0)
         t["output.weight"] = mat(n_vocab, H)
