@@ -19,7 +19,7 @@ from specgguf.ggufinfo import read_gguf
 from . import registry
 from .checkpoints import detect_kind, load_config, locate
 from .deepspec import plan_dspark
-from .deepspec_eagle3 import plan_deepspec_eagle3, refuse_gemma4
+from .deepspec_eagle3 import plan_deepspec_eagle3, refuse_backbone
 from .eagle3 import plan_eagle3
 from .safetensors import Weights
 from .writer import OUT_TYPES, check_output_path, remove_stale_partials, write_draft
@@ -56,11 +56,15 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
     if head not in HEADS:
         raise _arg_error(f"unknown head {head!r}; use 'shared' or 'own'", "head")
     entry = registry.find(checkpoint)
-    if entry is not None and entry["kind"] == "eagle3" and entry["backbone"] != "qwen3":
+    if entry is not None and entry["kind"] == "eagle3":
         from .checkpoints import Kind  # refuse before downloading gigabytes
 
-        refuse_gemma4(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
+        refuse_backbone(Kind("deepspec-eagle3", entry["backbone"], "deepspec-eagle3"))
     tgt = read_gguf(target, "target")
+    if entry is not None and entry.get("target_archs") and tgt.arch not in entry["target_archs"]:
+        raise UserError(f"{entry['repo']} is a {entry['backbone']} draft for {entry['target']}, but the target "
+                        f"{tgt.path.name} has architecture {tgt.arch!r}: pair it with a "
+                        f"{' or '.join(entry['target_archs'])} target GGUF")  # before downloading gigabytes
     if out is None:
         try:
             out = Path.cwd() / f"{_stem(checkpoint)}-{out_type}.gguf"
@@ -72,8 +76,8 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
     directory = locate(checkpoint, offline=offline)
     config = load_config(directory)
     kind = detect_kind(config)
-    if kind.family == "deepspec-eagle3" and kind.backbone != "qwen3":
-        refuse_gemma4(kind)
+    if kind.family == "deepspec-eagle3":
+        refuse_backbone(kind)
     config.setdefault("_name_or_path", entry["repo"] if entry else _stem(checkpoint))
     with Weights(directory) as weights:
         if kind.family == "deepspec-dspark":

@@ -96,9 +96,9 @@ def check_mtp_pair(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 
 def is_gemma4_draft(draft: GGUFInfo) -> bool:
-    """A dflash draft converted from a Gemma-4 checkpoint (sqrt(H) embeddings, Gemma's post norms)."""
-    return draft.arch == "dflash" and (draft.metadata.get("dflash.embedding_scale") is not None
-                                       or draft.has_tensor("blk.0.post_attention_norm.weight"))
+    """A dflash or eagle3 draft converted from a Gemma-4 checkpoint (sqrt(H) embeddings, Gemma's post norms)."""
+    return draft.arch in ("dflash", "eagle3") and (draft.metadata.get(f"{draft.arch}.embedding_scale") is not None
+                                                   or draft.has_tensor("blk.0.post_attention_norm.weight"))
 
 
 def check_shared_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
@@ -141,14 +141,15 @@ def _has_qk_norm(draft: GGUFInfo) -> bool:
 
 
 def needs_eagle3_patch(draft: GGUFInfo) -> bool:
-    """The stock eagle3 loader takes exactly 3 target layers and no q/k norms (patches/)."""
-    return len(draft.target_layers) != 3 or _has_qk_norm(draft)
+    """The stock eagle3 loader takes exactly 3 target layers, no q/k norms and no Gemma-4 layer
+    (docs/patches.md)."""
+    return len(draft.target_layers) != 3 or _has_qk_norm(draft) or is_gemma4_draft(draft)
 
 
-def _eagle3_patched() -> bool:
+def _eagle3_patched(gemma: bool) -> bool:
     from .patchprobe import has_eagle3_patch  # probes in a subprocess once per library, cached
 
-    return has_eagle3_patch()
+    return has_eagle3_patch(gemma=gemma)
 
 
 def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min: float = 0.0) -> None:
@@ -161,11 +162,15 @@ def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min:
     ids = draft.target_layers
     if not ids:
         raise UserError(f"{name} lists no target layers ({draft.arch}.target_layers); convert it again")
+    if is_gemma4_draft(draft) and target.arch != "gemma4":
+        raise UserError(f"{name} is a Gemma-4 draft but {target.path.name} is a {target.arch!r} model; "
+                        "use the gemma4 target it was converted for")
     if kind == "eagle3":
-        if needs_eagle3_patch(draft) and not _eagle3_patched():
+        if needs_eagle3_patch(draft) and not _eagle3_patched(is_gemma4_draft(draft)):
             raise UserError(f"{name} is a DeepSpec-style Eagle3 draft ({len(ids)} target layers"
-                            f"{', q/k norms' if _has_qk_norm(draft) else ''}) that the installed llama.cpp "
-                            f"cannot run (it runs 3-layer EAGLE-3 only): install the patched build with "
+                            f"{', q/k norms' if _has_qk_norm(draft) else ''}"
+                            f"{', Gemma-4 layer' if is_gemma4_draft(draft) else ''}) that the installed llama.cpp "
+                            f"cannot run (without specgguf's patches it runs 3-layer EAGLE-3 only): install the patched build with "
                             f"`{BUILD_COMMAND}` (add --cuda or --metal for a GPU; one llama.cpp compile, minutes)")
         width = draft.metadata.get("eagle3.target_hidden_size")
         if width is not None and int(width) != target.n_embd:
@@ -188,9 +193,6 @@ def check_hidden_state_pair(target: GGUFInfo, draft: GGUFInfo, kind: str, p_min:
         if not 0 <= draft.mask_id < target.n_vocab:
             raise UserError(f"{name} has mask token id {draft.mask_id}, outside the target's {target.n_vocab}-token "
                             "vocabulary; convert it again against this target")
-        if is_gemma4_draft(draft) and target.arch != "gemma4":
-            raise UserError(f"{name} is a Gemma-4 draft but {target.path.name} is a {target.arch!r} model; "
-                            "use the gemma4 target it was converted for")
         if kind == "dspark" and p_min > 0 and draft.metadata.get("dflash.has_confidence_head") is False:
             raise UserError(f"{name} has no confidence head, so --draft-p-min must be 0")
     if draft.n_vocab != target.n_vocab:

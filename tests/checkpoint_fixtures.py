@@ -6,6 +6,7 @@
   backbone; BF16 by default; optionally sharded), laid out as DeepSpec's trainer saves it.
 - `make_eagle3_checkpoint`: a standard (SpecForge-style) EAGLE-3 checkpoint with d2t.
 - `make_deepspec_eagle3_checkpoint`: a DeepSpec Eagle3 checkpoint (5 layers, q/k norms).
+- `make_gemma4_eagle3_checkpoint`: a Gemma4Eagle3Model checkpoint for a synthetic gemma4 target.
 - `write_safetensors`: the safetensors format by hand (8-byte header length, JSON, data).
 
 Weights are random but deterministic (seeded). The checkpoint's embeddings and head are the
@@ -441,4 +442,58 @@ def make_gemma4_dspark_checkpoint(directory: Path, target_path, *, dtype="BF16",
     if counting:
         w1 = tensors["markov_head.markov_w1.weight"]
         tensors["markov_head.markov_w2.weight"] = head_for(w1, gemma_successor(types), 40.0)
+    return write_checkpoint(directory, config, tensors, dtype)
+
+
+def gemma4_eagle3_config(spec: TargetSpec, *, layers=(0, 1, 2, 3, 4), n_ff=96, softcap=None,
+                         dtype="bfloat16") -> dict:
+    """Gemma4Eagle3Model's config: the gemma4 target's text config (global heads: `global_head_dim`,
+    `num_global_key_value_heads` = 1, K = V, proportional RoPE) plus the Eagle3 keys."""
+    return {"architectures": ["Gemma4Eagle3Model"], "model_type": "gemma4_text",
+            "hidden_size": spec.n_embd, "intermediate_size": n_ff, "num_hidden_layers": 1,
+            "draft_num_hidden_layers": 1, "num_attention_heads": spec.n_head,
+            "num_key_value_heads": spec.n_head_kv, "head_dim": spec.head_dim // 2,
+            "global_head_dim": spec.head_dim, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+            "hidden_activation": "gelu_pytorch_tanh", "enable_moe_block": False,
+            "hidden_size_per_layer_input": 0, "vocab_size": spec.n_vocab, "rms_norm_eps": spec.eps,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": spec.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+            "max_position_embeddings": 4096, "attention_bias": False, "final_logit_softcapping": softcap,
+            "num_target_layers": spec.n_layer, "target_layer_ids": list(layers),
+            "layer_types": ["full_attention"], "ttt_length": 7, "step_loss_decay": 0.8,
+            "tie_word_embeddings": False, "dtype": dtype,
+            "target_model_type": "gemma4", "target_text_model_type": "gemma4_text"}
+
+
+def gemma4_eagle3_tensors(config: dict, embed: np.ndarray, head: np.ndarray, seed: int = 4) -> dict:
+    """Random Gemma4Eagle3Model weights (no v_proj: K = V; a layer_scalar buffer)."""
+    rng = np.random.default_rng(seed)
+    H, I, K = config["hidden_size"], config["intermediate_size"], len(config["target_layer_ids"])
+    nH, nKV, hd = config["num_attention_heads"], config["num_global_key_value_heads"], config["global_head_dim"]
+    norm = lambda n: (1 + rng.normal(0, 0.2, n)).astype(np.float32)  # noqa: E731
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    p = "layers.0."
+    return {"embed_tokens.weight": embed, "lm_head.weight": head, "fc.weight": lin(H, K * H),
+            "norm.weight": norm(H), p + "input_layernorm.weight": norm(H), p + "hidden_norm.weight": norm(H),
+            p + "self_attn.q_proj.weight": lin(nH * hd, 2 * H), p + "self_attn.k_proj.weight": lin(nKV * hd, 2 * H),
+            p + "self_attn.o_proj.weight": lin(H, nH * hd),
+            p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
+            p + "post_attention_layernorm.weight": norm(H), p + "pre_feedforward_layernorm.weight": norm(H),
+            p + "post_feedforward_layernorm.weight": norm(H),
+            p + "layer_scalar": np.array([0.5 + rng.random()], dtype=np.float32),
+            p + "mlp.gate_proj.weight": lin(I, H), p + "mlp.up_proj.weight": lin(I, H),
+            p + "mlp.down_proj.weight": lin(H, I)}
+
+
+def make_gemma4_eagle3_checkpoint(directory: Path, target_path, *, dtype="BF16", seed=4, softcap=None,
+                                  head=None, **config_kw) -> Path:
+    """A Gemma4Eagle3Model checkpoint for a gemma4 target GGUF (specgguf.synthetic_gemma4): its
+    embeddings and head are the target's (frozen copies), unless `head` ([V, H]) replaces the head."""
+    spec, tw, _ = gemma4_target_spec(target_path)
+    config = gemma4_eagle3_config(spec, softcap=softcap, **config_kw,
+                                  dtype={"BF16": "bfloat16", "F16": "float16"}.get(dtype, "float32"))
+    tensors = gemma4_eagle3_tensors(config, tw["token_embd.weight"],
+                                    tw["output.weight"] if head is None else head, seed)
     return write_checkpoint(directory, config, tensors, dtype)

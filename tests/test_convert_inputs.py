@@ -173,15 +173,16 @@ def test_markov_head_types_other_than_vanilla(tmp_path, ckpt, target, kind):
     refused(tmp_path, ckpt, target, f"Markov head type '{kind}'")
 
 
-def test_deepspec_eagle3_gemma4_refused(tmp_path, target):
-    # the Qwen3 variant converts (tests/test_eagle3_patch.py); Gemma 4's layer has no eagle3 form
+def test_deepspec_eagle3_gemma4_against_qwen3_target_refused(tmp_path, target):
+    # both variants convert against their own targets (tests/test_eagle3_patch.py, test_eagle3_gemma4.py)
     ck = F.make_deepspec_eagle3_checkpoint(tmp_path / "e3", backbone="gemma4")
-    msg = refused(tmp_path, ck, target, "DeepSpec Eagle3")
-    assert "no llama.cpp eagle3 equivalent" in msg
+    msg = refused(tmp_path, ck, target, "Gemma 4 draft")
+    assert "'qwen3'" in msg
 
 
-def test_registry_eagle3_gemma4_refused_before_download(tmp_path, target):
-    refused(tmp_path, "deepseek-ai/eagle3_gemma4_12b_ttt7", target, "DeepSpec Eagle3")
+def test_registry_eagle3_gemma4_against_qwen3_refused_before_download(tmp_path, target):
+    msg = refused(tmp_path, "deepseek-ai/eagle3_gemma4_12b_ttt7", target, "gemma4 draft for google/gemma-4-12B-it")
+    assert "'qwen3'" in msg
 
 
 # -- target pairing ---------------------------------------------------------------------------
@@ -240,7 +241,7 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, target):
                            "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: DeepSpec Eagle3"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: this is a Gemma 4 draft"), proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
