@@ -296,6 +296,17 @@ def main() -> int:
                      else f"{r['round_ms']:.0f}ms" if "round_ms" in r else "")
             cells.append(f"{r['tok_s']:7.1f} {extra:>7}")
         print(f"{name:<28}" + "".join(f"{c:>15}" for c in cells))
+    print("\nthe same as a Markdown table (the README's):\n")
+    print("| row | " + " | ".join(prompts) + " |")
+    print("| --- |" + " ---: |" * len(prompts))
+    for name, by_p in table.items():
+        cells = []
+        for p in prompts:
+            r = by_p[p]
+            extra = (f" ({r['mean_draft']:.0f}; {r['py_us_round']:.0f} us)" if "py_us_round" in r
+                     else f" ({r['round_ms']:.0f} ms)" if "round_ms" in r else "")
+            cells.append(f"{r['tok_s']:.1f}{extra}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
     agent_best = {k: best(v) for k, v in agent.items()}
     print(f"\nagentic loop, {a.turns} turns through the Python API (tokens/s over all turns, best of {a.repeat}):")
     for k, r in agent_best.items():
