@@ -161,9 +161,10 @@ def models_command():
         click.echo("no registry found (models/deepspec.json is missing from this install)")
         return
     width = max(len(e["repo"]) for e in entries)
-    click.echo(f"{'checkpoint':<{width}}  {'kind':<7} {'target':<22} {'layers (gguf)':<22} block")
+    click.echo(f"{'checkpoint':<{width}}  {'kind':<7} {'build':<8} {'target':<22} {'layers (gguf)':<22} block")
     for e in entries:
         layers = ",".join(str(i) for i in e["gguf_target_layers"])
         block = str(e["block_size"]) if e.get("block_size") else "-"
-        click.echo(f"{e['repo']:<{width}}  {e['kind']:<7} {e['target']:<22} {layers:<22} {block}")
+        build = e.get("build") or "-"  # stock, or patched (specgguf build-llama --patched)
+        click.echo(f"{e['repo']:<{width}}  {e['kind']:<7} {build:<8} {e['target']:<22} {layers:<22} {block}")
         click.echo(f"{'':<{width}}  {e['note']}")

@@ -317,8 +317,11 @@ def test_models_lists_build_and_target_arch_of_all_twelve():
     table = {e["repo"].split("/")[1]: (e["build"], e["target_archs"]) for e in entries}
     assert table["dspark_gemma4_12b_block7"] == table["dflash_gemma4_12b_block7"] == ("stock", ["gemma4"])
     assert table["eagle3_qwen3_8b_ttt7"] == ("patched", ["qwen3"])
-    assert table["eagle3_gemma4_12b_ttt7"] == ("none", ["gemma4"])
+    assert table["eagle3_gemma4_12b_ttt7"] == ("patched", ["gemma4"])
     proc = run_cli("models")
     assert proc.returncode == 0
     assert proc.stdout.count("runs on the stock build with a gemma4 target") == 2
-    assert proc.stdout.count("runs only on the patched build") == 3 and "runs nowhere yet" in proc.stdout
+    assert proc.stdout.count("runs only on the patched build") == 4 and "runs nowhere yet" not in proc.stdout
+    rows = {line.split()[0].split("/")[1]: line.split()[2] for line in proc.stdout.splitlines()
+            if line.startswith("deepseek-ai/")}
+    assert rows == {name: build for name, (build, _) in table.items()}  # the build column
