@@ -236,6 +236,12 @@ class Model(_Owned):
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
     @cached_property
+    def recurrent(self) -> bool:
+        """Whether the model keeps a recurrent state (Mamba, RWKV, hybrids such as qwen35):
+        its memory cannot drop the last few positions, so rejected drafts cannot be undone."""
+        return bool(C.llama_model_is_recurrent(self.ptr) or C.llama_model_is_hybrid(self.ptr))
+
+    @cached_property
     def target_layer_ids(self) -> list[int]:
         """Target layers an eagle3/dflash draft reads ([] for ordinary models)."""
         n = ext.model_target_layer_ids_n(self.ptr)

@@ -72,6 +72,66 @@ def test_out_of_range_flags(qwen3_target, args, needle):
     assert_one_line_error(run_cli("generate", qwen3_target, "-p", "hi", "-n", "2", *args), needle)
 
 
+def write_mamba(path, n_embd=32, n_layer=2, d_inner=64, d_state=8, d_conv=4, dt_rank=4):
+    """A tiny Mamba GGUF (random weights, the synthetic BPE tokenizer): a target whose memory
+    is a recurrent state, not a KV cache."""
+    import gguf
+    import numpy as np
+
+    from specgguf.synthetic import add_tokenizer
+
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_context_length(1024)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    n_vocab = add_tokenizer(w, 64)
+    rng = np.random.default_rng(0)
+
+    def r(*shape):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+    tensors = {"token_embd.weight": r(n_vocab, n_embd), "output_norm.weight": np.ones(n_embd, np.float32),
+               "output.weight": r(n_vocab, n_embd)}
+    for i in range(n_layer):  # numpy shapes: ggml's dimensions reversed
+        tensors.update({f"blk.{i}.attn_norm.weight": np.ones(n_embd, np.float32),
+                        f"blk.{i}.ssm_in.weight": r(2 * d_inner, n_embd),
+                        f"blk.{i}.ssm_conv1d.weight": r(d_inner, d_conv), f"blk.{i}.ssm_conv1d.bias": r(d_inner),
+                        f"blk.{i}.ssm_x.weight": r(dt_rank + 2 * d_state, d_inner),
+                        f"blk.{i}.ssm_dt.weight": r(d_inner, dt_rank), f"blk.{i}.ssm_dt.bias": r(d_inner),
+                        f"blk.{i}.ssm_a": -np.abs(r(d_inner, d_state)) - 0.5,
+                        f"blk.{i}.ssm_d": np.ones(d_inner, np.float32),
+                        f"blk.{i}.ssm_out.weight": r(n_embd, d_inner)})
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_recurrent_target_decodes_plainly_and_refuses_drafts(tmp_path):
+    """A recurrent state (Mamba, RWKV, hybrids such as qwen35) cannot drop rejected draft
+    tokens: speculation on it is refused up front with one line (it used to fail mid-answer
+    with "could not remove KV cells"), and plain decoding still runs."""
+    target = write_mamba(tmp_path / "mamba.gguf")
+    with SpecGGUF(target, n_ctx=256) as plain:
+        assert plain.generate("hello hello hello hello", max_tokens=8).stats.generated_tokens == 8
+    for draft in ("ngram", "suffix"):
+        with pytest.raises(ValueError, match="recurrent state"):
+            SpecGGUF(target, draft=draft, n_ctx=256)
+    assert_one_line_error(run_cli("generate", target, "-p", "hi", "-n", "4", "--draft", "ngram"),
+                          "recurrent state", "without --draft")
+
+
 def test_profile_tokens_zero(qwen3_target):
     assert_one_line_error(run_cli("profile", qwen3_target, "--tokens", "0"), "--tokens")
 

@@ -46,6 +46,12 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     from ..ggufinfo import read_gguf
 
     spec = os.fspath(spec)
+    if target.model.recurrent:
+        # llama.cpp's C++ loop checkpoints such a state and re-decodes after every partial
+        # acceptance; specgguf rolls back by removing KV cells, which a recurrent state refuses
+        raise UserError(f"{target.info.path.name} ({target.info.arch}) keeps a recurrent state that cannot take "
+                        "back rejected draft tokens, so specgguf cannot speculate on it: run it without --draft",
+                        param="draft")
     if spec == "suffix":
         if kind is not None:
             raise UserError(f"--draft suffix needs no file, so no --draft-kind (got {kind})")
