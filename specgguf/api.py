@@ -309,7 +309,7 @@ class SpecGGUF:
         target, drafter = self.target, self.drafter
         spec = None if drafter is None else drafter.profile_id
         store = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
-                             drafter is not None and drafter.block)
+                             drafter is not None and drafter.block, rpc_servers=target.rpc_servers)
         costs = store.costs_for(0)
         costs.verify.clear()
         costs.draft_round = costs.draft_step = None

@@ -68,7 +68,8 @@ class Engine:
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
                                         drafter is not None and drafter.block,
                                         reads_features=drafter is not None
-                                        and drafter.kind.split("+")[-1] in HIDDEN_KINDS)
+                                        and drafter.kind.split("+")[-1] in HIDDEN_KINDS,
+                                        rpc_servers=target.rpc_servers)
             # prior acceptance: an n-gram continuation found in the text is usually right
             self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
             if drafter is not None:

@@ -46,7 +46,8 @@ def _draft_identity(draft: str | None):
     return [head, _draft_identity(rest)] if plus else draft
 
 
-def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str) -> str:
+def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str,
+                rpc_servers: list[str] | None = None) -> str:
     """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths)."""
     from . import native
 
@@ -57,6 +58,8 @@ def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: in
         "lib": _file_identity(native.library_path()),
         "threads": n_threads, "gpu_layers": n_gpu_layers, "bucket": bucket,
     }
+    if rpc_servers:  # layers on other machines (README: Scale-out) cost what those machines take
+        parts["rpc"] = list(rpc_servers)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -88,10 +91,11 @@ class ProfileStore:
     `reads_features` (the draft changes the target's pass)."""
 
     def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False,
-                 reads_features: bool = False):
-        self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket)
+                 reads_features: bool = False, rpc_servers: list[str] | None = None):
+        self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket, rpc_servers)
         verify_draft = draft if reads_features else None
-        self._verify_key = lambda bucket: profile_key(target_path, verify_draft, n_threads, n_gpu_layers, bucket)
+        self._verify_key = lambda bucket: profile_key(target_path, verify_draft, n_threads, n_gpu_layers, bucket,
+                                                      rpc_servers)
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()

@@ -88,6 +88,12 @@ class Target:
             raise
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = int(n_threads or native.default_threads())
+        # where offloaded layers run changes every cost: part of the cost profile's key
+        self.rpc_servers = None
+        if rpc_servers is not None:
+            from . import rpc
+
+            self.rpc_servers = rpc.parse_endpoints(rpc_servers)
         # one generation at a time on the one context: llama.cpp aborts (or silently mixes
         # two KV caches) when two decode on it at once
         self._lock = threading.Lock()

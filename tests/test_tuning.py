@@ -254,6 +254,10 @@ def test_profile_cache_misses_when_the_model_file_changes(tmp_path, monkeypatch)
     os.utime(model, ns=(1, 1))
     assert profiling.load(profiling.profile_key(model, "ngram", 2, 0, 0)) is None
     assert profiling.profile_key(model, "ngram", 4, 0, 0) != profiling.profile_key(model, "ngram", 2, 0, 0)
+    # layers offloaded to RPC servers cost what those machines take: another profile per set
+    on_rpc = profiling.profile_key(model, "ngram", 2, 99, 0, ["10.0.0.2:50052"])
+    assert on_rpc != profiling.profile_key(model, "ngram", 2, 99, 0)
+    assert on_rpc != profiling.profile_key(model, "ngram", 2, 99, 0, ["10.0.0.3:50052"])
 
 
 def test_sequential_draft_stops_where_its_own_confidence_says_the_rest_will_not_pay():
