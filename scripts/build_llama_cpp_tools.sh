@@ -68,7 +68,7 @@ if [[ -n ${SPECGGUF_LLAMA_SRC:-} ]]; then
     SRC=$(cd "$SPECGGUF_LLAMA_SRC" && pwd)
 else
     echo "downloading the llama-cpp-python==$VERSION sdist" >&2
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
     tar -xzf "$WORK"/dl/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
     SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
 fi

@@ -30,7 +30,7 @@ WORK=$(mktemp -d -t specgguf-gather.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 if [[ -z $SDIST ]]; then
     echo "downloading the llama-cpp-python==$VERSION sdist" >&2
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
+    "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
     SDIST=$WORK/dl/llama_cpp_python-$VERSION.tar.gz
 fi
 [[ -f $SDIST ]] || { echo "error: sdist not found: $SDIST" >&2; exit 2; }

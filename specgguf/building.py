@@ -168,7 +168,9 @@ def _sdist(sdist, work: Path, python: str, log) -> Path:
             raise UserError(f"sdist not found: {path} (give the llama_cpp_python-{VERSION}.tar.gz file)", param="sdist")
         return path
     log(f"downloading the llama-cpp-python {VERSION} source (pip download, 76 MB)")
-    proc = subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+    # --no-binary names the one package: ":all:" would also build pip's build dependencies
+    # (scikit-build-core, cmake, ...) from source on a machine with no pip cache
+    proc = subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
                            f"llama-cpp-python=={VERSION}", "-d", str(work / "dl")], capture_output=True, text=True)
     hits = list((work / "dl").glob("llama_cpp_python-*.tar.gz"))
     if proc.returncode != 0 or not hits:
