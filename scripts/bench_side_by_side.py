@@ -288,25 +288,27 @@ def main() -> int:
           % (a.max_tokens, ", ".join(f"{p} {n}" for p, n in budget.items())))
     print("tokens/s (best of %d); [mean draft, py us/round | C++ ms/round]" % a.repeat)
     print(head)
-    for name, by_p in table.items():
-        cells = []
+    text_rows, md_rows = [], []
+    for name, by_p in table.items():  # one pass, two layouts: the terminal's and the README's
+        cells, md = [], []
         for p in prompts:
             r = by_p[p]
-            extra = (f"{r['mean_draft']:.0f},{r['py_us_round']:.0f}" if "py_us_round" in r
-                     else f"{r['round_ms']:.0f}ms" if "round_ms" in r else "")
+            if "py_us_round" in r:
+                extra, md_extra = f"{r['mean_draft']:.0f},{r['py_us_round']:.0f}", \
+                    f" ({r['mean_draft']:.0f}; {r['py_us_round']:.0f} us)"
+            elif "round_ms" in r:
+                extra, md_extra = f"{r['round_ms']:.0f}ms", f" ({r['round_ms']:.0f} ms)"
+            else:
+                extra = md_extra = ""
             cells.append(f"{r['tok_s']:7.1f} {extra:>7}")
-        print(f"{name:<28}" + "".join(f"{c:>15}" for c in cells))
+            md.append(f"{r['tok_s']:.1f}{md_extra}")
+        text_rows.append(f"{name:<28}" + "".join(f"{c:>15}" for c in cells))
+        md_rows.append(f"| {name} | " + " | ".join(md) + " |")
+    print("\n".join(text_rows))
     print("\nthe same as a Markdown table (the README's):\n")
     print("| row | " + " | ".join(prompts) + " |")
     print("| --- |" + " ---: |" * len(prompts))
-    for name, by_p in table.items():
-        cells = []
-        for p in prompts:
-            r = by_p[p]
-            extra = (f" ({r['mean_draft']:.0f}; {r['py_us_round']:.0f} us)" if "py_us_round" in r
-                     else f" ({r['round_ms']:.0f} ms)" if "round_ms" in r else "")
-            cells.append(f"{r['tok_s']:.1f}{extra}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n".join(md_rows))
     agent_best = {k: best(v) for k, v in agent.items()}
     print(f"\nagentic loop, {a.turns} turns through the Python API (tokens/s over all turns, best of {a.repeat}):")
     for k, r in agent_best.items():
