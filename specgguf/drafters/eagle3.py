@@ -75,10 +75,11 @@ class Eagle3Drafter(HiddenStateDrafter):
         ctx.decode(b)
         out: list[int] = []
         self.last_confidence = conf = []
+        scored = self.p_min > 0 or self.chooser is not None  # a top-10 softmax is a vocabulary scan
         while True:
             logits = ctx.logits(0)
             tok = int(logits.argmax())
-            p_tok = top10_prob(logits, tok)
+            p_tok = top10_prob(logits, tok) if scored else 1.0
             if self.p_min > 0 and p_tok < self.p_min:
                 break
             h = ctx.embeddings_nextn_ith(0, self.n_embd_dec)

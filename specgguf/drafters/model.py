@@ -76,6 +76,7 @@ class ModelDrafter(Drafter):
         out: list[int] = []
         qs: list = []
         self.last_confidence = conf = []
+        scored = self.p_min > 0 or self.chooser is not None
         recent = sampler.window(history, id_last) if sampler is not None else []
         self.last_q = None
         while True:
@@ -83,7 +84,8 @@ class ModelDrafter(Drafter):
             # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
             # token would skew the proposals away from the q that `ratio` is told about
             top = int(logits.argmax())
-            p_top = top10_prob(logits, top)
+            # a top-10 softmax per token costs a vocabulary scan: only where someone reads it
+            p_top = top10_prob(logits, top) if scored else 1.0
             if self.p_min > 0 and p_top < self.p_min:
                 break
             if sampler is None:
