@@ -341,11 +341,12 @@ class LengthController:
         return best_prefix(self.costs, rates, len(confidence), self.costs.lookup or 0.0)
 
     def cut(self, confidence) -> int:
-        """How many tokens of a lookup draft (scored by `confidence`) to verify. None in the
-        first round of a process: a plain round measures V(0), the baseline every width is
-        compared with (it costs one token's time)."""
+        """How many tokens of a lookup draft (scored by `confidence`) to verify. None while no
+        cost profile knows a plain round: one measures V(0), the baseline every width is
+        compared with (it costs one token's time). A profile from an earlier run stands in
+        until this run's own rounds measure the widths it uses (Costs._knots rescales it)."""
         self._lookups += 1
-        if 0 not in self.costs.fresh and (self._lookups == 1 or not self.costs.fresh):
+        if 0 not in self.costs.verify:
             return 0
         if not confidence:
             return 0
