@@ -133,6 +133,9 @@ class Generation:
         # on_verified(ctx, ids): called once a round with the committed ids; row i of the target's
         # logits is the one ids[i] was chosen from (logprobs.py reads them there)
         self.on_verified = None
+        # draft_limit(draft) -> how many of the draft's tokens can still be output (a stop
+        # string ends the generation: textstream.TextStream.useful_draft); None: all
+        self.draft_limit = None
         self._it = self._run()
 
     def __iter__(self) -> Iterator[int]:
@@ -273,6 +276,9 @@ class Generation:
                 draft, qs = self._draft(history, id_last, pos0, n_max) if drafter and n_max > 0 else ([], None)
                 if self.constraint is not None:
                     draft, qs = self._constrain(draft, qs)
+                if draft and self.draft_limit is not None:
+                    n_useful = self.draft_limit(draft)
+                    draft, qs = draft[:n_useful], (qs[:n_useful] if qs is not None else None)
                 own_conf = None  # a sequential drafter's scores of its tokens (it stopped by them)
                 if lengths is not None and drafter is not None and drafter.last_confidence is not None:
                     if drafter.lookup:

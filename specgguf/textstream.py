@@ -3,6 +3,11 @@
 A stop string may straddle several tokens, so text that could still become one is held
 back until it cannot; when one appears, the text before it is released and the
 generation is closed with finish_reason "stop".
+
+The stream also tells the engine where a draft stops mattering (`useful_draft`, the
+generation's `draft_limit` hook): a drafted token after the one that would complete a stop
+string can never be output, so it is not verified. Agents stop every turn at a stop string,
+and a lookup draft copied from earlier text runs on past it (docs/loop.md).
 """
 
 from __future__ import annotations
@@ -17,14 +22,24 @@ class TextStream:
         self.stop = [s for s in (stop or []) if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.text = ""  # everything released so far
+        if self.stop:
+            self._stop_bytes = [s.encode("utf-8") for s in self.stop]
+            # the output's last bytes, as many as a stop string could still need (+3: a
+            # character split across tokens)
+            self._keep = max(len(b) for b in self._stop_bytes) + 3
+            self._tail = b""
+            self._pieces: dict[int, bytes] = {}
+            generation.draft_limit = self.useful_draft
 
     def __iter__(self) -> Iterator[str]:
         pending = ""
         hold = max((len(s) for s in self.stop), default=0)
         for tok in self.generation:
-            pending += self._decoder.decode(self.model.token_to_piece(tok))
+            piece = self.model.token_to_piece(tok)
+            pending += self._decoder.decode(piece)
             keep = 0
             if self.stop:
+                self._tail = (self._tail + piece)[-self._keep:]
                 cut = min((i for i in (pending.find(s) for s in self.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     self.generation.close("stop")
@@ -34,6 +49,27 @@ class TextStream:
             out, pending = pending[:len(pending) - keep], pending[len(pending) - keep:]
             yield from self._release(out)
         yield from self._release(pending + self._decoder.decode(b"", final=True))
+
+    def useful_draft(self, draft: list[int]) -> int:
+        """How many of `draft` (the tokens after the output so far) can still be output: up to
+        and including the one whose text completes a stop string; all when none does."""
+        pieces, piece = self._pieces, self.model.token_to_piece
+        text, ends = self._tail, []
+        for tok in draft:
+            b = pieces.get(tok)
+            if b is None:
+                b = pieces[tok] = piece(tok)
+            text += b
+            ends.append(len(text))
+        start = len(self._tail)
+        first = None  # where the earliest stop string found in the draft's text ends
+        for stop in self._stop_bytes:
+            at = text.find(stop, max(start - len(stop) + 1, 0))
+            if at >= 0 and (first is None or at + len(stop) < first):
+                first = at + len(stop)
+        if first is None:
+            return len(draft)
+        return next(i + 1 for i, end in enumerate(ends) if end >= first)
 
     def _release(self, text: str) -> Iterator[str]:
         if text:

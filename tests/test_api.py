@@ -89,6 +89,21 @@ def test_stop_strings(llm):
     assert cut["choices"][0]["finish_reason"] == "stop"
 
 
+def test_drafts_are_not_verified_past_a_stop_string(counting_target):
+    """The counting target continues the prompt's run, so a lookup draft of 16 is all right; a
+    stop string ends the output inside it, and the tokens after it are not verified (they
+    could never be output): same text, fewer drafted tokens."""
+    with SpecGGUF(counting_target, draft="ngram", draft_max=16, n_ctx=512) as llm:
+        piece = llm.target.model.token_to_piece
+        prompt = [*range(100, 140), 100, 101, 102]
+        whole = llm.generate(prompt, max_tokens=20)
+        assert whole.tokens == list(range(103, 123)) and whole.stats.drafted >= 16
+        stop = (piece(110) + piece(111)).decode()  # completed by token 111, the 9th drafted
+        cut = llm.generate(prompt, max_tokens=20, stop=[stop, "never appears"])
+        assert cut.text == whole.text[:whole.text.index(stop)] and cut.finish_reason == "stop"
+        assert cut.stats.drafted == 9 and cut.stats.rounds == 1
+
+
 @pytest.mark.parametrize("kwargs, param", [
     ({"max_tokens": -1}, "max_tokens"),
     ({"max_tokens": 10**6}, "max_tokens"),
