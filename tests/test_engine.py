@@ -91,3 +91,20 @@ def test_ngram_learns_committed_tokens():
     d.begin([4, 5])
     assert d.draft([4, 5], 6, 2, 3) == []
     assert d.draft([4, 5, 6, 4], 5, 4, 3) == [6, 4, 5]  # (4, 5) seen at the start, continues with 6
+
+
+def test_ngram_is_less_sure_where_the_text_went_several_ways():
+    """A token behind an n-gram that was followed by different tokens in the text (a JSON key
+    with many values) is scored as one guess among those; the draft itself is llama.cpp's."""
+    d = NgramDrafter(ngram_min=2, ngram_max=2)
+    text = [7, 1, 2, 3, 4, 8, 1, 2, 5, 6, 9, 2, 3, 4]  # (1, 2) -> 3 and 5; (2, 3) -> 4 only
+    d.begin(text)
+    assert d.draft(text, 8, len(text), 3) == [1, 2, 5]  # (4, 8) -> 1, 2, 5
+    assert d.draft(text + [8], 1, len(text) + 1, 2) == [2, 5]  # (8, 1) -> 2, 5
+    d.begin(text + [8, 1])
+    assert d.draft(text + [8, 1], 2, len(text) + 2, 2) == [5, 6]  # (1, 2) -> 5 (its latest), 6
+    # the match reaches 6 tokens back (2 3 4 8 1 2); (1, 2) went two ways, (2, 5) one
+    assert d.last_confidence == pytest.approx([(1 - 1 / 7) / 2, 1 - 1 / 8])
+    d.begin(text + [9])
+    assert d.draft(text + [9], 2, len(text) + 1, 2) == [3, 4]  # (9, 2) -> 3, 4: one way each
+    assert d.last_confidence == pytest.approx([1 - 1 / 3, 1 - 1 / 4])
