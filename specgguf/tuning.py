@@ -9,9 +9,11 @@ V(n) is a curve through the widths measured by the engine's own rounds (seeded f
 profile cached on disk, profiling.py): on a CPU it is far from a line (the per-position cost
 falls as batches grow), on a big GPU it is nearly flat, so it is fitted as measured: a
 monotone (isotonic) fit through the measured widths, interpolated piecewise-linearly, and
-extended past the widest measured width along its last stretch. Before anything is measured
-a prior shape stands in (`PRIOR_ROW`): cheap enough that the first long draft gets tried,
-and the first rounds then measure the real curve (docs/loop.md).
+extended past the widest measured width along its last stretch, but never steeper than the
+prior's `PRIOR_ROW` per position: a width nobody has measured must look cheap enough to be
+tried once (narrow widths cost more per position than wide ones on a CPU, so their slope
+would rule long drafts out for good). Before anything is measured the prior shape stands in
+whole, and the first rounds then measure the real curve (docs/loop.md).
 
 Acceptance comes from one of two places:
 - a drafter's own confidence (`Drafter.last_confidence`: lookup drafters score every token
@@ -148,10 +150,11 @@ class Costs:
                 v = ys[0] * (1.0 + PRIOR_ROW * n)
             else:
                 v = np.interp(n, xs, ys)
-                # past the widest width: along the last stretch (the upper half of the range)
+                # past the widest width: along the last stretch (the upper half of the range),
+                # at most as steep as the prior (an unmeasured width gets tried, see above)
                 last = xs[-1]
                 j = max(i for i, x in enumerate(xs) if x <= last / 2 or i == 0)
-                slope = max((ys[-1] - ys[j]) / (last - xs[j]), 0.0)
+                slope = min(max((ys[-1] - ys[j]) / (last - xs[j]), 0.0), PRIOR_ROW * ys[0])
                 beyond = n > last
                 v[beyond] = ys[-1] + slope * (n[beyond] - last)
             # The trend is monotone, the costs are not quite: CPU kernels take the batch in

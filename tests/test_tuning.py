@@ -7,7 +7,7 @@ import os
 import pytest
 
 from specgguf import profiling
-from specgguf.tuning import Acceptance, Calibration, Costs, LengthController, choose_length, expected_tokens
+from specgguf.tuning import PRIOR_ROW, Acceptance, Calibration, Costs, LengthController, choose_length, expected_tokens
 
 
 def costs(v0, slope, draft_round=0.0, draft_step=0.0, widths=range(0, 9), block=False):
@@ -52,9 +52,24 @@ def test_block_drafter_pays_once_per_round():
 def test_verify_cost_interpolates_and_extends():
     c = Costs()
     c.observe_verify(0, 1.0)
-    c.observe_verify(4, 3.0)
-    assert c.verify_cost(2) == pytest.approx(2.0)
-    assert c.verify_cost(6) == pytest.approx(4.0)
+    c.observe_verify(4, 1.2)
+    assert c.verify_cost(2) == pytest.approx(1.1)
+    assert c.verify_cost(6) == pytest.approx(1.3)  # along the last stretch
+
+
+def test_unmeasured_wide_widths_look_cheap_enough_to_try():
+    """Narrow widths cost more per position than wide ones on a CPU: extended at their slope,
+    a 64-wide pass would look too dear to ever be tried (and so never be measured). Past the
+    widest measured width the slope is at most the prior's; once measured, the width costs
+    what it costs."""
+    c = Costs()
+    c.observe_verify(0, 1.0)
+    c.observe_verify(4, 3.0)  # half a plain pass per position
+    assert c.verify_cost(64) == pytest.approx(3.0 + 60 * PRIOR_ROW)
+    ctl = LengthController(64, c)
+    assert ctl.cut([0.99] * 64) > 32
+    c.observe_verify(64, 33.0)
+    assert c.verify_cost(64) == pytest.approx(33.0) and LengthController(64, c).cut([0.99] * 64) < 32
 
 
 def test_acceptance_learns_and_forgets():
