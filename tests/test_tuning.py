@@ -211,6 +211,27 @@ def test_calibration_by_bins():
     assert lo == pytest.approx(0.5, abs=0.05) and hi == pytest.approx(0.97)
 
 
+def test_calibration_tells_near_certainties_apart():
+    """Over a 64-token draft 0.99 and 0.999 per token are half the draft and nearly all of
+    it: a 30-token match (raw 0.97) and a 300-token one (raw 0.997) get bins of their own."""
+    cal = Calibration()
+    for _ in range(300):
+        cal.update([0.97, 0.997], 2)  # both accepted...
+        cal.update([0.97], 0)  # ... but 0.97-scored tokens are rejected one time in two
+    mid, high = cal.rates([0.97, 0.997])
+    assert mid == pytest.approx(0.5, abs=0.05) and high > 0.99
+
+
+def test_calibration_never_trusts_a_surer_score_less():
+    """Drafts scored 0.9 were always right: a 0.95 score, never seen yet, is taken for at least
+    as much (the first run's rounds lift the long matches before they are drafted)."""
+    cal = Calibration()
+    assert cal.rates([0.95]) == pytest.approx([0.95])
+    for _ in range(50):
+        cal.update([0.9] * 4, 4)
+    assert cal.rates([0.9])[0] > 0.98 and cal.rates([0.95])[0] > 0.98
+
+
 def simulate(ctl, true_curve, accept_len, rounds, conf=None):
     """Rounds of a lookup drafter on text where every draft is right for `accept_len` tokens;
     the verify time of a round is true_curve(width), as if measured."""
@@ -332,7 +353,10 @@ def test_lookup_calibration_carries_to_the_next_process(tmp_path, monkeypatch):
     assert again.rates([0.9])[0] > 0.99
     assert profiling.ProfileStore(model, "suffix", 2, 0).load_calibration().rates([0.9]) == pytest.approx([0.9])
     key = profiling.profile_key(model, "ngram", 2, 0, "calibration")
-    for damage in ('{"bins": 0, "tried": [], "accepted": []}', '{"bins": 2, "tried": [1, 1], "accepted": [2, 0]}',
+    scale = Calibration.SCALE
+    for damage in (f'{{"scale": "{scale}", "bins": 0, "tried": [], "accepted": []}}',
+                   f'{{"scale": "{scale}", "bins": 2, "tried": [1, 1], "accepted": [2, 0]}}',
+                   '{"bins": 2, "tried": [1, 1], "accepted": [1, 0]}',  # the old, linear bins
                    "not json", '{"bins": 2}'):
         (tmp_path / "cache" / "profiles" / f"{key}.json").write_text(damage)
         assert profiling.ProfileStore(model, "ngram", 2, 0).load_calibration().rates([0.9]) == pytest.approx([0.9])
