@@ -1,6 +1,6 @@
 """`suffix` + a draft model (`--draft suffix --draft DRAFT.gguf`, API draft="suffix+DRAFT.gguf"):
 each round drafts from a suffix match where that is expected to commit more tokens per second
-than the model's draft, and from the model elsewhere (docs/drafters.md).
+than the model's draft, and from the model elsewhere (docs/loop.md §4.7).
 
 The suffix lookup costs next to nothing, so it runs every round; its draft is scored by the
 engine's cost model (`LengthController.value`: calibrated confidence, the measured verify

@@ -1,5 +1,5 @@
 """`suffix`: model-free drafts from the longest match in this text and in earlier outputs,
-after SuffixDecoding (Oliaro et al., NeurIPS 2025; docs/drafters.md).
+after SuffixDecoding (Oliaro et al., NeurIPS 2025; docs/loop.md §4.6).
 
 Two token stores answer the same question, "what followed the longest earlier occurrence of
 the text's end?":
