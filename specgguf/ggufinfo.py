@@ -166,6 +166,9 @@ def read_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
     return GGUFInfo(p, arch, metadata, arrays, tensors, types, size, (data, string_arrays))
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Header:
     """A minimal GGUF (v2/v3) header parser: scalars and small arrays decoded, string arrays
     (the 262k-token vocabulary) only located, so reading a header takes milliseconds."""
@@ -190,10 +193,6 @@ class _Header:
         self.off += n
         return text
 
-    def _skip_string(self) -> None:
-        n = self._unpack("<Q")
-        self.off += n
-
     def _value(self, vtype):
         if vtype == self._STRING:
             return self._string()
@@ -216,11 +215,13 @@ class _Header:
                 metadata[key] = self._value(vtype)
                 continue
             etype, count = self._unpack("<I"), self._unpack("<Q")
-            if etype == self._STRING:
-                start = self.off
+            if etype == self._STRING:  # walked, not decoded: one length read per string
+                start = off = self.off
+                buf, length = self.buf, _U64.unpack_from
                 for _ in range(count):
-                    self._skip_string()
-                string_arrays[key] = (start, self.off, count)
+                    off += 8 + length(buf, off)[0]
+                self.off = off
+                string_arrays[key] = (start, off, count)
             elif etype in self._SCALARS:
                 fmt = self._SCALARS[etype]
                 width = struct.calcsize(fmt)
