@@ -38,6 +38,7 @@ import numpy as np
 # that tries it; a too-dear one would never be tried).
 PRIOR_ROW = 0.1
 EXPLORE_EVERY = 16  # lookup rounds between looks at a longer width than the best guess
+SPIKE = 2.0  # a measurement this many times the bound or the cached cost is a stall, not a cost
 PER_WIDTH = 1.0  # the trend's weight against a width's own measurements (each weighs 1 .. 9)
 
 
@@ -89,11 +90,20 @@ class Costs:
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.verify.get(n)
+        # No pass of n+1 positions costs more than n+1 plain passes: more is the process
+        # stopped or descheduled mid-pass (a laptop lid, a suspended job), not the width, and
+        # kept in the profile it would rule that width out in every later run (never tried
+        # again, so never measured again).
+        plain = self.verify.get(0)
+        if n > 0 and plain is not None:
+            seconds = min(seconds, SPIKE * (n + 1) * plain)
         # a width's first measurement here replaces what the cache said: that was another
-        # run, maybe on a busier machine. Later ones move the average, a spike (the process
-        # descheduled on a shared machine) by at most half the average
-        if old is None or n not in self.fresh:
+        # run, maybe on a busier machine (but not SPIKE times busier). Later ones move the
+        # average, a spike by at most half the average
+        if old is None:
             self.verify[n] = seconds
+        elif n not in self.fresh:
+            self.verify[n] = min(seconds, SPIKE * old)
         else:
             self.verify[n] = old + self.smoothing * (min(seconds, 1.5 * old) - old)
         new_width = n not in self.fresh
@@ -127,6 +137,8 @@ class Costs:
         scale = ratios[len(ratios) // 2] if ratios else 1.0
         xs = sorted(self.verify)
         ys = [self.verify[n] if n in self.fresh else self.verify[n] * scale for n in xs]
+        if xs[0] == 0:  # a profile written before the bound in observe_verify may break it
+            ys = [min(y, (x + 1) * ys[0]) for x, y in zip(xs, ys)]
         ws = [min(self.seen.get(n, 0), 8) + 1.0 if n in self.fresh else 0.5 for n in xs]
         return xs, ys, ws, _isotonic(ys, ws)
 

@@ -160,6 +160,22 @@ def test_cached_widths_are_rescaled_by_what_this_run_measures():
     assert c.verify_cost(64) == pytest.approx(cpu_curve(64), rel=0.05)
 
 
+def test_a_stalled_pass_does_not_poison_the_profile():
+    """A pass that took 13 s (the process was stopped mid-pass) was saved in a profile as the
+    cost of width 5: it must not rule out every width past 4 in later runs (it did: a width
+    never chosen is never measured again). Nor is such a stall stored in the first place."""
+    cached = Costs.from_dict({"verify": {"0": 25e-3, "4": 87e-3, "5": 13.48, "10": 131e-3, "23": 0.30}})
+    assert cached.verify_cost(5) <= 6 * 25e-3
+    assert LengthController(64, cached).cut([0.999] * 64) >= 10
+    c = Costs()
+    c.observe_verify(0, 25e-3)
+    c.observe_verify(5, 13.48)
+    assert c.verify[5] <= 2 * 6 * 25e-3
+    loaded = Costs.from_dict({"verify": {"0": 25e-3, "8": 0.1}})
+    loaded.observe_verify(8, 5.0)  # a first measurement replaces the cache's, within reason
+    assert loaded.verify[8] == pytest.approx(0.2)
+
+
 def flat_costs(v0=10e-3, per_row=0.1e-3, widths=(0, 1, 8, 32, 64)):
     c = Costs()
     for n in widths:
