@@ -83,6 +83,7 @@ class Costs:
     seen: dict = field(default_factory=dict)  # n -> rounds measured by this process
 
     def __post_init__(self):
+        self._draft_fresh = False  # the draft costs were measured by this process
         self._curve = None  # the V array, rebuilt after observations
         self._curve_list = None
         self._curve_widths = 0
@@ -120,9 +121,13 @@ class Costs:
         fixed = seconds - per_step * n
         if self.draft_round is None:
             self.draft_round, self.draft_step = fixed, per_step
-        else:
-            self.draft_round += self.smoothing * (fixed - self.draft_round)
-            self.draft_step += self.smoothing * (per_step - self.draft_step)
+        elif not self._draft_fresh:  # the cache's, from another run: replaced, within reason
+            self.draft_round = min(fixed, SPIKE * self.draft_round) if self.draft_round > 0 else fixed
+            self.draft_step = min(per_step, SPIKE * self.draft_step) if self.draft_step > 0 else per_step
+        else:  # a stall moves the average by at most half of it (see observe_verify)
+            self.draft_round += self.smoothing * (min(fixed, 1.5 * self.draft_round) - self.draft_round)
+            self.draft_step += self.smoothing * (min(per_step, 1.5 * self.draft_step) - self.draft_step)
+        self._draft_fresh = True
 
     def observe_lookup(self, seconds: float) -> None:
         self.lookup = seconds if self.lookup is None else self.lookup + self.smoothing * (seconds - self.lookup)

@@ -174,6 +174,12 @@ def test_a_stalled_pass_does_not_poison_the_profile():
     loaded = Costs.from_dict({"verify": {"0": 25e-3, "8": 0.1}})
     loaded.observe_verify(8, 5.0)  # a first measurement replaces the cache's, within reason
     assert loaded.verify[8] == pytest.approx(0.2)
+    drafts = Costs.from_dict({"verify": {"0": 25e-3}, "draft_round": 1e-3, "draft_step": 2e-3})
+    drafts.observe_draft(4, 13.0)  # a draft model's stalled round
+    assert drafts.draft_cost(4) <= 2 * (1e-3 + 4 * 2e-3) + 1e-9
+    for _ in range(3):
+        drafts.observe_draft(4, 13.0)
+    assert drafts.draft_cost(4) < 0.1
 
 
 def flat_costs(v0=10e-3, per_row=0.1e-3, widths=(0, 1, 8, 32, 64)):
