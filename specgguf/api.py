@@ -251,6 +251,7 @@ class SpecGGUF:
         grammar: GBNF text the output must follow (constraints.py), or None.
         """
         self._check_open()
+        stop = params.stop_strings(stop)  # checked here too: the CLI and direct callers pass theirs as they are
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
         engine = self.engine if speculate else self._plain_engine()
         gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)

@@ -143,6 +143,13 @@ def test_invalid_utf8_prompt(qwen3_target):
     assert_one_line_error(proc, "--prompt is not valid UTF-8")
 
 
+def test_invalid_utf8_stop_string(qwen3_target):
+    # the stream compares stop strings as UTF-8 bytes with the drafts' text: checked first
+    proc = run_cli("generate", qwen3_target, "-p", "hello", "-n", "2", "--draft", "ngram",
+                   "--stop", b"\xff".decode("utf-8", "surrogateescape"), env={"PYTHONUTF8": "1"})
+    assert_one_line_error(proc, "--stop is not valid UTF-8")
+
+
 def test_chat_survives_invalid_utf8_on_stdin(qwen3_target):
     import subprocess
     import sys
