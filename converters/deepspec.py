@@ -127,13 +127,8 @@ def plan_dspark(config: dict, weights: Weights, kind: Kind, target, head: str, w
         plan.tensor(b + "attn_output.weight", need(p + "self_attn.o_proj.weight", (H, q_out)))
         plan.tensor(b + "attn_q_norm.weight", need(p + "self_attn.q_norm.weight", (head_dim,)))
         plan.tensor(b + "attn_k_norm.weight", need(p + "self_attn.k_norm.weight", (head_dim,)))
-        if gemma:  # Gemma's post-attention norm acts on the attention output, before the residual
-            plan.tensor(b + "post_attention_norm.weight", need(p + "post_attention_layernorm.weight", (H,)))
-            plan.tensor(b + "ffn_norm.weight", need(p + "pre_feedforward_layernorm.weight", (H,)))
-            plan.tensor(b + "post_ffw_norm.weight", need(p + "post_feedforward_layernorm.weight", (H,)))
-            scalar = _first(weights, p + "layer_scalar", p + "layer_scalar.weight")
-            if scalar is not None:
-                plan.tensor(b + "layer_output_scale.weight", need(scalar, (1,)))
+        if gemma:
+            _gemma_layer_norms(plan, weights, need, p, b, H)
         else:  # Qwen3's post_attention_layernorm is the pre-FFN norm
             plan.tensor(b + "ffn_norm.weight", need(p + "post_attention_layernorm.weight", (H,)))
         plan.tensor(b + "ffn_gate.weight", need(p + "mlp.gate_proj.weight", (I, H)))
@@ -236,6 +231,17 @@ def _check_heads(target, n_head: int, head_dim: int) -> None:
     if isinstance(t_dim, int) and t_dim != head_dim:
         raise UserError(f"draft head size is {head_dim} but the target's is {t_dim}: "
                         "this draft was trained for a different target")
+
+
+def _gemma_layer_norms(plan: DraftPlan, weights: Weights, need, p: str, b: str, H: int) -> None:
+    """A Gemma layer's norms around attention and FFN, and its optional output scalar.
+    Gemma's post-attention norm acts on the attention output, before the residual."""
+    plan.tensor(b + "post_attention_norm.weight", need(p + "post_attention_layernorm.weight", (H,)))
+    plan.tensor(b + "ffn_norm.weight", need(p + "pre_feedforward_layernorm.weight", (H,)))
+    plan.tensor(b + "post_ffw_norm.weight", need(p + "post_feedforward_layernorm.weight", (H,)))
+    scalar = _first(weights, p + "layer_scalar", p + "layer_scalar.weight")
+    if scalar is not None:
+        plan.tensor(b + "layer_output_scale.weight", need(scalar, (1,)))
 
 
 def _gemma_rope_freqs(plan: DraftPlan, rope: dict, head_dim: int) -> None:

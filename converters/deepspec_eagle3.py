@@ -26,7 +26,7 @@ from gguf import GGUFValueType as VT
 from specgguf.errors import UserError
 
 from .checkpoints import Kind, get_float, get_int, rope_parameters
-from .deepspec import _Need, _check_backbone, _embedding_scale, _first, _gemma_rope_freqs
+from .deepspec import _Need, _check_backbone, _embedding_scale, _gemma_layer_norms, _gemma_rope_freqs
 from .eagle3 import _absolute_d2t, _unrotate_half, add_eagle3_keys
 from .safetensors import Weights
 from .targets import check_target_layers, check_vocab, check_width, warn_if_cannot_feed
@@ -148,13 +148,8 @@ def plan_deepspec_eagle3(config: dict, weights: Weights, kind: Kind, target, hea
                 transform=lambda w: _unrotate_half(w, 1))
     plan.tensor(b + "attn_k_norm.weight", need(p + "self_attn.k_norm.weight", (hd,)),
                 transform=lambda w: _unrotate_half(w, 1))
-    if gemma:  # Gemma's post-attention norm acts on the attention output, before the residual
-        plan.tensor(b + "post_attention_norm.weight", need(p + "post_attention_layernorm.weight", (H,)))
-        plan.tensor(b + "ffn_norm.weight", need(p + "pre_feedforward_layernorm.weight", (H,)))
-        plan.tensor(b + "post_ffw_norm.weight", need(p + "post_feedforward_layernorm.weight", (H,)))
-        scalar = _first(weights, p + "layer_scalar", p + "layer_scalar.weight")
-        if scalar is not None:
-            plan.tensor(b + "layer_output_scale.weight", need(scalar, (1,)))
+    if gemma:
+        _gemma_layer_norms(plan, weights, need, p, b, H)
         _gemma_rope_freqs(plan, rope, hd)
     else:
         plan.tensor(b + "ffn_norm.weight", need(p + "post_attention_layernorm.weight", (H,)))
