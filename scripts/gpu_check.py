@@ -41,7 +41,7 @@ import cpp_baseline  # noqa: E402  (runs and parses llama-speculative-simple)
 from specgguf import native  # noqa: E402
 from specgguf.drafters import make_drafter  # noqa: E402
 from specgguf.engine import Engine  # noqa: E402
-from specgguf.synthetic import SPECIALS, train_bpe  # noqa: E402
+from specgguf.synthetic import SPECIALS, finish_gguf, train_bpe  # noqa: E402
 from specgguf.target import Target  # noqa: E402
 
 N_VOCAB = 151936  # Qwen3's
@@ -131,21 +131,6 @@ def _layers(t: dict, rng, s: dict, n_layer: int, quant) -> None:
         t[p + "ffn_down.weight"] = quant(rng, H, I, I ** -0.5)
 
 
-def _write(w, t: dict, path: Path) -> Path:
-    import gguf
-
-    for name, v in t.items():
-        if isinstance(v, tuple):  # quantised blocks
-            w.add_tensor(name, v[0], raw_dtype=gguf.GGMLQuantizationType[v[1]])
-        else:
-            w.add_tensor(name, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 
 def write_target(path: Path, s: dict, seed: int = 0) -> Path:
     import gguf
@@ -159,7 +144,7 @@ def write_target(path: Path, s: dict, seed: int = 0) -> Path:
     t = {"token_embd.weight": _q4_k(rng, N_VOCAB, H, 1.0), "output_norm.weight": np.ones(H, np.float32),
          "output.weight": _q6_k(rng, N_VOCAB, H, H ** -0.5)}
     _layers(t, rng, s, s["n_layer"], _q4_k)
-    return _write(w, t, path)
+    return finish_gguf(w, t, path)
 
 
 def write_dspark(path: Path, s: dict, seed: int = 1) -> Path:
@@ -183,7 +168,7 @@ def write_dspark(path: Path, s: dict, seed: int = 1) -> Path:
          "conf_proj.weight": (rng.standard_normal((1, H + R)) * (H + R) ** -0.5).astype(np.float32),
          "conf_proj.bias": np.array([0.5], np.float32)}
     _layers(t, rng, s, s["draft_layers"], _q8_0)
-    return _write(w, t, path)
+    return finish_gguf(w, t, path)
 
 
 # -- measurements -------------------------------------------------------------------------

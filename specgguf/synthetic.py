@@ -210,14 +210,7 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
         for k, v in weights.items():
             if v.ndim == 2:
                 weights[k] = (v + perturb * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
-    for k, v in weights.items():
-        writer.add_tensor(k, v)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
-    return path
+    return finish_gguf(writer, weights, path, tmp)
 
 
 def bigger(shape: QwenShape = QwenShape(), **changes) -> QwenShape:
@@ -260,11 +253,16 @@ def _draft_writer(path: Path, arch: str, shape: DraftShape, n_embd: int, target:
     return w, n_vocab
 
 
-def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
-    for k, v in tensors.items():
-        if v.dtype == np.int64:
-            import gguf
+def finish_gguf(w, tensors: dict, path: Path, tmp: Path | None = None) -> Path:
+    """Add `tensors` to the GGUFWriter `w` and write the file out; it was opened at `tmp`
+    (then moved to `path`, so a reader never sees half a file) or at `path` itself. A value
+    is an array, or (raw bytes, GGML type name) for blocks quantised already."""
+    import gguf
 
+    for k, v in tensors.items():
+        if isinstance(v, tuple):
+            w.add_tensor(k, v[0], raw_dtype=gguf.GGMLQuantizationType[v[1]])
+        elif v.dtype == np.int64:
             w.add_tensor(k, v, raw_dtype=gguf.GGMLQuantizationType.I64)
         else:
             w.add_tensor(k, v)
@@ -272,7 +270,8 @@ def _finish(w, tensors: dict, tmp: Path, path: Path) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    os.replace(tmp, path)
+    if tmp is not None:
+        os.replace(tmp, path)
     return path
 
 
@@ -329,7 +328,7 @@ def write_eagle3(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
         t["blk.0.ffn_down.weight"][:] = 0
         t["token_embd.weight"] = emb
         t["output.weight"] = head_for(emb, succ[succ], 4.0)
-    return _finish(w, t, tmp, path)
+    return finish_gguf(w, t, path, tmp)
 
 
 def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape: DraftShape = DraftShape(),
@@ -376,4 +375,4 @@ def write_dflash(path, target: QwenShape = QwenShape(), layers=(1, 2, 3), shape:
         if confidence:
             t["conf_proj.weight"] = mat(1, H + R)
             t["conf_proj.bias"] = np.array([0.5], dtype=np.float32)
-    return _finish(w, t, tmp, path)
+    return finish_gguf(w, t, path, tmp)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .synthetic import _CORPUS, _initializers, head_for, learn_merges
+from .synthetic import _CORPUS, _initializers, finish_gguf, head_for, learn_merges
 
 SPACE = "\u2581"
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # ids 0..4, as in Gemma 4
@@ -191,14 +191,7 @@ def write_gemma4(path, shape: Gemma4Shape = Gemma4Shape(), seed: int = 0, counti
         for k in weights:
             if k.endswith(("post_attention_norm.weight", "post_ffw_norm.weight")):
                 weights[k] *= 0.4
-    for k, v in weights.items():
-        w.add_tensor(k, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
-    return path
+    return finish_gguf(w, weights, path, tmp)
 
 
 # --------------------------------------------------------------------------------------
@@ -274,11 +267,4 @@ def write_gemma4_assistant(path, target: Gemma4Shape = Gemma4Shape(), seed: int 
         for k in t:
             if k.endswith(("post_attention_norm.weight", "post_ffw_norm.weight")):
                 t[k] *= 0.05
-    for k, v in t.items():
-        w.add_tensor(k, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
-    return path
+    return finish_gguf(w, t, path, tmp)

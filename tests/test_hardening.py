@@ -78,7 +78,7 @@ def write_mamba(path, n_embd=32, n_layer=2, d_inner=64, d_state=8, d_conv=4, dt_
     import gguf
     import numpy as np
 
-    from specgguf.synthetic import add_tokenizer
+    from specgguf.synthetic import add_tokenizer, finish_gguf
 
     w = gguf.GGUFWriter(str(path), "mamba")
     w.add_context_length(1024)
@@ -109,13 +109,7 @@ def write_mamba(path, n_embd=32, n_layer=2, d_inner=64, d_state=8, d_conv=4, dt_
                         f"blk.{i}.ssm_a": -np.abs(r(d_inner, d_state)) - 0.5,
                         f"blk.{i}.ssm_d": np.ones(d_inner, np.float32),
                         f"blk.{i}.ssm_out.weight": r(n_embd, d_inner)})
-    for name, value in tensors.items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, tensors, path)
 
 
 def test_recurrent_target_decodes_plainly_and_refuses_drafts(tmp_path):
