@@ -10,6 +10,31 @@ import sys
 import pytest
 
 from specgguf.synthetic import QwenShape, write_qwen3
+from specgguf.synthetic_gemma4 import Gemma4Shape, write_gemma4
+
+# sqrt(96) = 9.798 is not a bf16 number (it rounds to 9.8125): the embedding scale's rounding shows
+GEMMA4_WIDE = Gemma4Shape(n_embd=96)
+
+
+def require_eagle3_patch(gemma: bool = False) -> bool:
+    """True when the loaded libllama has specgguf's eagle3 patches (0003, Gemma 4's layer,
+    too with gemma=True); else the test skips, or fails under SPECGGUF_REQUIRE_PATCHED=1
+    (CI's patched stage, where a skip would hide a broken build)."""
+    from specgguf import native, patchprobe
+
+    if patchprobe.has_eagle3_patch(gemma=gemma):
+        return True
+    which = " (0001-0003)" if gemma else ""
+    if os.environ.get("SPECGGUF_REQUIRE_PATCHED") == "1":
+        pytest.fail(f"SPECGGUF_REQUIRE_PATCHED=1 but {native.library_path()} lacks the eagle3 patches{which}")
+    pytest.skip(f"the loaded libllama lacks specgguf's eagle3 patches{', 0003 included' if gemma else ''} "
+                f"(build it with {patchprobe.BUILD_COMMAND})")
+
+
+@pytest.fixture(scope="session")
+def gemma4_wide_target(tmp_path_factory):
+    """A synthetic Gemma 4 target whose width shows the bf16 rounding of the embedding scale."""
+    return write_gemma4(tmp_path_factory.mktemp("gemma4-wide") / "g4.gguf", GEMMA4_WIDE, seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,12 @@ Patched tests skip on the stock wheel unless SPECGGUF_REQUIRE_PATCHED=1.
 from __future__ import annotations
 
 import json
-import os
 
 import gguf
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import GEMMA4_WIDE, require_eagle3_patch, run_cli
 from specgguf import native, patchprobe
 from specgguf.converters import convert
 from specgguf.drafters import make_drafter
@@ -33,18 +32,13 @@ from test_convert_llama import checkpoint_weights
 import checkpoint_fixtures as F
 import reference_eagle3 as R
 
-WIDE = Gemma4Shape(n_embd=96)  # sqrt(96) = 9.798 rounds to 9.8125 in bf16: the rounding shows
+WIDE = GEMMA4_WIDE
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n"]
 
 
 @pytest.fixture(scope="module")
 def patched():
-    if patchprobe.has_eagle3_patch(gemma=True):
-        return True
-    if os.environ.get("SPECGGUF_REQUIRE_PATCHED") == "1":
-        pytest.fail(f"SPECGGUF_REQUIRE_PATCHED=1 but {native.library_path()} lacks the eagle3 patches (0001-0003)")
-    pytest.skip("the loaded libllama lacks specgguf's eagle3 patches, 0003 included "
-                f"(build it with {patchprobe.BUILD_COMMAND})")
+    return require_eagle3_patch(gemma=True)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +47,8 @@ def g4dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def g4_target(g4dir):
-    return write_gemma4(g4dir / "g4.gguf", WIDE, seed=0)
+def g4_target(gemma4_wide_target):
+    return gemma4_wide_target
 
 
 @pytest.fixture(scope="module")

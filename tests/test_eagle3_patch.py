@@ -10,13 +10,11 @@ than a random one. Those tests skip on the stock wheel unless SPECGGUF_REQUIRE_P
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import require_eagle3_patch, run_cli
 from specgguf import native, patchprobe
 from specgguf.converters import convert
 from specgguf.drafters import make_drafter
@@ -35,12 +33,7 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n"]
 
 @pytest.fixture(scope="module")
 def patched():
-    if patchprobe.has_eagle3_patch():
-        return True
-    if os.environ.get("SPECGGUF_REQUIRE_PATCHED") == "1":
-        pytest.fail(f"SPECGGUF_REQUIRE_PATCHED=1 but {native.library_path()} lacks the eagle3 patches")
-    pytest.skip("the loaded libllama lacks specgguf's eagle3 patches "
-                f"(build it with {patchprobe.BUILD_COMMAND})")
+    return require_eagle3_patch()
 
 
 @pytest.fixture(scope="module")

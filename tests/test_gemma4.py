@@ -28,10 +28,10 @@ import checkpoint_fixtures as F
 import reference_dspark as R
 import test_lossless as L
 import test_parity as TP
-from conftest import run_cli
+from conftest import GEMMA4_WIDE, run_cli
 from test_convert_llama import checkpoint_weights, draft_block
 
-WIDE = Gemma4Shape(n_embd=96)  # sqrt(96) = 9.798 is not a bf16 number: the scale rounding shows
+WIDE = GEMMA4_WIDE
 P = 6
 
 
@@ -41,8 +41,8 @@ def g4dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def g4_target(g4dir):
-    return write_gemma4(g4dir / "g4.gguf", WIDE, seed=0)
+def g4_target(gemma4_wide_target):
+    return gemma4_wide_target
 
 
 @pytest.fixture(scope="module")
