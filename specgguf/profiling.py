@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 
 from .defaults import cache_dir
-from .tuning import Calibration, Costs
+from .calibration import Calibration
+from .tuning import Costs
 
 PROFILE_VERSION = 2
 

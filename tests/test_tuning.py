@@ -7,7 +7,8 @@ import os
 import pytest
 
 from specgguf import profiling
-from specgguf.tuning import PRIOR_ROW, Acceptance, Calibration, Costs, LengthController, choose_length, expected_tokens
+from specgguf.calibration import Calibration
+from specgguf.tuning import PRIOR_ROW, Acceptance, Costs, LengthController, choose_length, expected_tokens
 
 
 def costs(v0, slope, draft_round=0.0, draft_step=0.0, widths=range(0, 9), block=False):
@@ -359,7 +360,7 @@ def test_lookup_calibration_carries_to_the_next_process(tmp_path, monkeypatch):
     """What verification taught the calibration (a lookup drafter's confident drafts are
     right) is saved with the profile: the next process starts calibrated, not at the raw
     guess. A damaged file is a cache miss, never an error."""
-    from specgguf.tuning import Calibration
+    from specgguf.calibration import Calibration
 
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "m.gguf"
