@@ -27,7 +27,10 @@ loop's own cost), beside the C++ tool's whole round (ms).
 Agentic loop: --turns requests through one SpecGGUF (the Python API, as an app embeds it),
 each a fresh prompt in which an editing agent re-reads the file its previous turn wrote and
 asks for the next version: the suffix store carries what the earlier turns wrote. Reported:
-tokens/s over all turns.
+tokens/s over all turns, beside the lookup ceiling: what a drafter would reach if every round
+drafted 64 tokens and all were accepted, from a 65-token verify pass timed in the same run. On
+a CPU a verify pass costs about a third of a plain pass per position (the output layer is
+computed for every row), so no lookup gets past about three times plain there.
 
     python scripts/bench_side_by_side.py [--max-tokens 128] [--repeat 3] [--turns 6]
                                          [--threads N] [--out bench/side_by_side.json]
@@ -203,6 +206,35 @@ def agentic(target, draft, turns, max_tokens, threads, cache_dir) -> dict:
     return {"tok_s": tokens / seconds if seconds else 0.0, "tokens": tokens}
 
 
+def lookup_ceiling(target, prompt, width, threads, reps=5) -> dict:
+    """The most any lookup drafter can reach on this machine: every round a `width`-token draft
+    that is wholly accepted (width + 1 tokens per verify pass), beside one token per plain pass.
+    Both passes timed on one warm context, fastest of `reps` (the wide one once first, untimed,
+    so that its cold first pass does not count). A drafter's rate over this ceiling says how
+    much of the speed on offer it takes; the rest is the target's own cost per position."""
+    with SpecGGUF(target, n_ctx=4096, n_threads=threads) as llm:
+        ctx, batch = llm.target.ctx, llm.target.batch
+        toks = llm.tokenize(prompt)
+        batch.clear().add_tokens(toks, 0, "last")
+        ctx.decode(batch)
+        pos = len(toks)
+        rows = (toks * (width // len(toks) + 2))[:width + 1]
+
+        def pass_s(n):
+            batch.clear().add_tokens(rows[:n], pos, "all")
+            t0 = time.perf_counter()
+            ctx.decode(batch)
+            dt = time.perf_counter() - t0
+            ctx.seq_rm(pos)
+            return dt
+
+        pass_s(width + 1)
+        wide = min(pass_s(width + 1) for _ in range(reps))
+        one = min(pass_s(1) for _ in range(reps))
+    return {"width": width, "verify_ms": wide * 1e3, "plain_ms": one * 1e3,
+            "tok_s": (width + 1) / wide, "plain_tok_s": 1 / one}
+
+
 # -- the benchmark ---------------------------------------------------------------------------
 
 def best(runs: list[dict]) -> dict:
@@ -282,6 +314,8 @@ def main() -> int:
         for d in (None, "ngram", "suffix"):
             agent[d or "plain"].append(agentic(target, d, a.turns, a.max_tokens * 2, a.threads, warm_cache))
 
+    ceiling = lookup_ceiling(target, PROMPTS["edit-function"], 64, a.threads)
+
     table = {name: {p: best(runs) for p, runs in by_p.items()} for name, by_p in results.items()}
     head = f"{'row':<28}" + "".join(f"{p:>15}" for p in prompts)
     print("\ntokens decoded per prompt: C++ -n %d (it overshoots by up to a draft); the other rows: %s"
@@ -313,6 +347,9 @@ def main() -> int:
     print(f"\nagentic loop, {a.turns} turns through the Python API (tokens/s over all turns, best of {a.repeat}):")
     for k, r in agent_best.items():
         print(f"  {k:<8} {r['tok_s']:7.1f}  ({r['tokens']} tokens)")
+    print(f"  ceiling  {ceiling['tok_s']:7.1f}  (every round a {ceiling['width']}-token draft, all accepted: "
+          f"{ceiling['width'] + 1} tokens per {ceiling['verify_ms']:.0f} ms verify; a plain pass "
+          f"{ceiling['plain_ms']:.1f} ms)")
 
     ratios = {}
     plain = table["specgguf plain"]
@@ -326,7 +363,10 @@ def main() -> int:
                      "suffix/best_cpp": table["specgguf suffix"][p]["tok_s"] / best_cpp,
                      "first/warm": table["specgguf ngram first run"][p]["tok_s"] / default[p]["tok_s"]}
     ratios["agentic"] = {"suffix/ngram": agent_best["suffix"]["tok_s"] / agent_best["ngram"]["tok_s"],
-                         "suffix/plain": agent_best["suffix"]["tok_s"] / agent_best["plain"]["tok_s"]}
+                         "suffix/plain": agent_best["suffix"]["tok_s"] / agent_best["plain"]["tok_s"],
+                         "ngram/ceiling": agent_best["ngram"]["tok_s"] / ceiling["tok_s"],
+                         "suffix/ceiling": agent_best["suffix"]["tok_s"] / ceiling["tok_s"],
+                         "ceiling/plain": ceiling["tok_s"] / agent_best["plain"]["tok_s"]}
     print("\nratios:")
     for p, r in ratios.items():
         print(f"  {p:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items()))
@@ -339,7 +379,8 @@ def main() -> int:
         "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
                     "load_start": load, "load_end": load_end},
         "model": "Gemma 3 270M Q4_K_M (embedded default)", "max_tokens": a.max_tokens, "repeat": a.repeat,
-        "best_size_m": best_m, "tokens": budget, "runs": results, "best": table, "agentic": agent, "ratios": ratios,
+        "best_size_m": best_m, "tokens": budget, "runs": results, "best": table, "agentic": agent,
+        "ceiling": ceiling, "ratios": ratios,
     }, indent=1))
     print(f"saved {out}")
     return 0
