@@ -60,6 +60,7 @@ class Engine:
         self.target, self.drafter = target, drafter
         self.lengths = self.profile = None
         if draft_max == AUTO:
+            from .calibration import LOOKUP_DOUBT_POWER
             from .profiling import ProfileStore
             from .tuning import LengthController
 
@@ -76,7 +77,7 @@ class Engine:
                 drafter.chooser = self.lengths
                 # how far the drafter's confidence can be trusted, as earlier runs measured it
                 if drafter.lookup:
-                    self.lengths.calibration = self.profile.load_calibration()
+                    self.lengths.calibration = self.profile.load_calibration(doubt_power=LOOKUP_DOUBT_POWER)
                 else:
                     self.lengths.draft_calibration = self.profile.load_calibration()
         else:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .calibration import Calibration
+from .calibration import LOOKUP_DOUBT_POWER, Calibration
 
 # Prior verify cost of each position beyond the first, as a fraction of a plain pass, while
 # nothing is measured: optimistic on purpose (a too-cheap guess is corrected by the round
@@ -286,7 +286,8 @@ class LengthController:
         self.n_max = n_max
         self.costs = costs or Costs()
         self.acceptance = Acceptance(n_max, prior)
-        self.calibration = Calibration()  # kept across generations: it describes the drafter
+        # a lookup drafter's match scores -> acceptance; kept across generations: it describes the drafter
+        self.calibration = Calibration(doubt_power=LOOKUP_DOUBT_POWER)
         # a sequential drafter's own confidence (a draft model's probabilities) -> acceptance
         self.draft_calibration = Calibration()
         self.probe_every = probe_every

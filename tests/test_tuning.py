@@ -7,7 +7,7 @@ import os
 import pytest
 
 from specgguf import profiling
-from specgguf.calibration import Calibration
+from specgguf.calibration import LOOKUP_DOUBT_POWER, Calibration
 from specgguf.tuning import PRIOR_ROW, Acceptance, Costs, LengthController, choose_length, expected_tokens
 
 
@@ -68,9 +68,10 @@ def test_unmeasured_wide_widths_look_cheap_enough_to_try():
     c.observe_verify(4, 3.0)  # half a plain pass per position
     assert c.verify_cost(64) == pytest.approx(3.0 + 60 * PRIOR_ROW)
     ctl = LengthController(64, c)
-    assert ctl.cut([0.99] * 64) > 32
+    sure = [0.9] * 64  # a lookup's raw 0.9: 0.99 per token before anything is verified
+    assert ctl.cut(sure) > 32
     c.observe_verify(64, 33.0)
-    assert c.verify_cost(64) == pytest.approx(33.0) and LengthController(64, c).cut([0.99] * 64) < 32
+    assert c.verify_cost(64) == pytest.approx(33.0) and LengthController(64, c).cut(sure) < 32
 
 
 def test_acceptance_learns_and_forgets():
@@ -243,6 +244,42 @@ def test_calibration_tells_near_certainties_apart():
         cal.update([0.97], 0)  # ... but 0.97-scored tokens are rejected one time in two
     mid, high = cal.rates([0.97, 0.997])
     assert mid == pytest.approx(0.5, abs=0.05) and high > 0.99
+
+
+def test_lookup_prior_is_surer_than_the_raw_score_but_keeps_weak_ones_weak():
+    """Laplace's rule undersells a lookup match: before anything is verified a 16-token match
+    (raw 0.94) is taken for near-certain, a 2-token one (0.67) for likely, and a one-in-three
+    guess (0.22) stays a guess. A draft model's probabilities are taken as they are."""
+    lookup, model = Calibration(doubt_power=LOOKUP_DOUBT_POWER), Calibration()
+    strong, likely, guess = lookup.rates([1 - 1 / 17, 2 / 3, 2 / 9])
+    assert strong > 0.99 and 0.85 < likely < 0.92 and guess < 0.45
+    assert model.rates([0.94, 0.5]) == pytest.approx([0.94, 0.5])
+
+
+def test_first_run_drafts_a_copy_whole():
+    """A new machine: only the plain pass is measured, nothing calibrated. A copy offers 57
+    tokens behind a 16-token match: the lookup prior verifies them all at once, where the raw
+    score (0.94 per token) would cut at about a quarter and grow over several rounds, each
+    first wider pass a slow one."""
+    costs = Costs()
+    costs.observe_verify(0, 20e-3)
+    conf = [1 - 1 / (16 + i + 1) for i in range(57)]
+    assert LengthController(64, costs).cut(conf) == 57
+    timid = LengthController(64, costs)
+    timid.calibration = Calibration()
+    assert timid.cut(conf) < 30
+
+
+def test_lookup_prior_gives_way_to_rejections():
+    """The prior is a pseudo-count: strong-looking matches that verification keeps refusing
+    (a text that only looks repetitive) are cut short within a few rounds."""
+    ctl = LengthController(64, flat_costs(per_row=0.3e-3))
+    conf = [0.94] * 64
+    assert ctl.cut(conf) == 64
+    for _ in range(6):
+        n = ctl.cut(conf)
+        ctl.record(64, n, 1, 0.0, 10e-3 + 0.3e-3 * n, conf[:n])
+    assert ctl.cut(conf) < 8
 
 
 def test_calibration_never_trusts_a_surer_score_less():
