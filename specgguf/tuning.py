@@ -41,6 +41,10 @@ PRIOR_ROW = 0.1
 EXPLORE_EVERY = 16  # lookup rounds between looks at a longer width than the best guess
 SPIKE = 2.0  # a measurement this many times the bound or the cached cost is a stall, not a cost
 PER_WIDTH = 1.0  # the trend's weight against a width's own measurements (each weighs 1 .. 9)
+# Widths up to this keep their own measured cost beside the trend: the CPU kernels' blocks of
+# columns show there (4 positions can cost less than 3). Past it the steps are a few percent,
+# under the machine's drift between measurements, and the trend alone is the better guess.
+OWN_WIDTHS = 8
 
 
 def expected_tokens(accept: list[float], n: int) -> float:
@@ -67,6 +71,22 @@ def _isotonic(ys: list[float], ws: list[float]) -> list[float]:
     for mean, _, count in blocks:
         out.extend([mean] * count)
     return out
+
+
+def _batched(xs: list[int], ys: list[float], ws: list[float]) -> list[float]:
+    """A fit in which each position beyond the plain pass costs, on average, never more in a
+    wider batch: (V(n) - V(0)) / n does not rise with n, as a wider batch reads the same
+    weights for more rows (the trend, not a law of each width: see OWN_WIDTHS). Measured
+    widths are hours apart on a machine whose speed drifts by a third; pooled this way, a
+    width measured in a quick minute does not look cheaper per position than the rest (with
+    Gemma 3 270M on 2 cores, 28 positions at 6.4 ms each against 8-9.5 ms for 38-57 held
+    every later copy at 28)."""
+    if len(xs) < 3 or xs[0] != 0:
+        return ys
+    v0 = ys[0]
+    per = [-(y - v0) / x for x, y in zip(xs[1:], ys[1:])]
+    pooled = [v0 - p * x for p, x in zip(_isotonic(per, ws[1:]), xs[1:])]
+    return _isotonic([v0, *pooled], ws)
 
 
 @dataclass
@@ -146,7 +166,7 @@ class Costs:
         if xs[0] == 0:  # a profile written before the bound in observe_verify may break it
             ys = [min(y, (x + 1) * ys[0]) for x, y in zip(xs, ys)]
         ws = [min(self.seen.get(n, 0), 8) + 1.0 if n in self.fresh else 0.5 for n in xs]
-        return xs, ys, ws, _isotonic(ys, ws)
+        return xs, ys, ws, _batched(xs, _isotonic(ys, ws), ws)
 
     def curve(self, n_max: int) -> np.ndarray:
         """V(0..n_max) in seconds (in units of a plain pass while nothing is measured)."""
@@ -178,12 +198,13 @@ class Costs:
                 v[beyond] = ys[-1] + slope * (n[beyond] - last)
             # The trend is monotone, the costs are not quite: CPU kernels take the batch in
             # blocks of columns, so a width that fills its blocks can cost less than one
-            # narrower (on a 2-core x86 CPU with Gemma 3 270M, verifying 4 positions costs less than 3, 64 less
-            # than 61).
-            # A measured width keeps its own cost, leaning on the trend while it has been
-            # measured only once or twice; unmeasured widths follow the trend (`PER_WIDTH`).
+            # narrower (on a 2-core x86 CPU with Gemma 3 270M, verifying 4 positions costs
+            # less than 3). A measured narrow width keeps its own cost, leaning on the trend
+            # while it has been measured only once or twice (`PER_WIDTH`); wider ones and
+            # unmeasured ones follow the trend (`OWN_WIDTHS`).
             for x, y, w in own:
-                v[x] = (w * y + PER_WIDTH * v[x]) / (w + PER_WIDTH)
+                if x <= OWN_WIDTHS:
+                    v[x] = (w * y + PER_WIDTH * v[x]) / (w + PER_WIDTH)
             v = np.clip(v, ys[0], (n + 1) * ys[0])
         self._curve, self._since_fit, self._curve_widths = v, 0, len(self.verify)
         return v
