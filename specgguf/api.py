@@ -251,7 +251,7 @@ class SpecGGUF:
         grammar: GBNF text the output must follow (constraints.py), or None.
         """
         self._check_open()
-        stop = params.stop_strings(stop)  # checked here too: the CLI and direct callers pass theirs as they are
+        stop = params.stop_strings(stop)  # checked once, here: every front end passes through
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
         engine = self.engine if speculate else self._plain_engine()
         gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)
@@ -272,7 +272,7 @@ class SpecGGUF:
         prompt: text or token ids. Leaving the loop early stops the generation.
         grammar: GBNF text or a llama_cpp.LlamaGrammar the output must follow.
         """
-        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
+        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, stop,
                                        params.sampling_fields(sampling), grammar=self._grammar(grammar))
         try:
             for piece in text:
@@ -283,7 +283,7 @@ class SpecGGUF:
 
     def generate(self, prompt, max_tokens: int = 256, stop=None, grammar=None, **sampling) -> Result:
         """Generate a completion of `prompt` (text or token ids) and return it whole (grammar: as stream's)."""
-        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, params.stop_strings(stop),
+        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, stop,
                                        params.sampling_fields(sampling), grammar=self._grammar(grammar))
         out = "".join(text)
         return Result(out, list(gen.tokens), gen.finish_reason or "stop", gen.stats)
