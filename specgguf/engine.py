@@ -60,7 +60,6 @@ class Engine:
         self.target, self.drafter = target, drafter
         self.lengths = self.profile = None
         if draft_max == AUTO:
-            from .calibration import LOOKUP_DOUBT_POWER
             from .profiling import ProfileStore
             from .tuning import LengthController
 
@@ -77,9 +76,9 @@ class Engine:
                 drafter.chooser = self.lengths
                 # how far the drafter's confidence can be trusted, as earlier runs measured it
                 if drafter.lookup:
-                    self.lengths.calibration = self.profile.load_calibration(doubt_power=LOOKUP_DOUBT_POWER)
+                    self.lengths.calibration = self.profile.load_calibration(self.lengths.calibration)
                 else:
-                    self.lengths.draft_calibration = self.profile.load_calibration()
+                    self.lengths.draft_calibration = self.profile.load_calibration(self.lengths.draft_calibration)
         else:
             if not isinstance(draft_max, int) or draft_max < 1:
                 raise UserError(f"draft_max must be 'auto' or a whole number >= 1 (got {draft_max!r})",

@@ -102,12 +102,13 @@ class ProfileStore:
         self._dirty: set[int] = set()
         self.calibration: Calibration | None = None  # set by `load_calibration`, saved with the costs
 
-    def load_calibration(self, doubt_power: float = 1.0) -> Calibration:
+    def load_calibration(self, fresh: Calibration | None = None) -> Calibration:
         """A drafter's calibration as earlier runs left it (how often its confident drafts
         were right on this target): a new process starts where the last one ended instead
-        of at the prior (`doubt_power`: not saved, it belongs to the drafter kind)."""
-        self.calibration = load(self._key("calibration"), Calibration) or Calibration()
-        self.calibration.doubt_power = doubt_power
+        of at `fresh` (the chooser's own, whose prior, not saved, belongs to the drafter kind)."""
+        fresh = fresh or Calibration()
+        self.calibration = load(self._key("calibration"), Calibration) or fresh
+        self.calibration.doubt_power = fresh.doubt_power
         return self.calibration
 
     def _load(self, bucket: int) -> Costs | None:
