@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from specgguf.errors import UserError
-from specgguf.ggufinfo import read_gguf
+from specgguf.runtime.ggufinfo import read_gguf
 
 from . import registry
 from .checkpoints import detect_kind, load_config, locate
@@ -121,7 +121,7 @@ def _cost_ratio(draft_path: Path, target) -> float | None:
     """Bytes of weights one draft step reads / bytes one target step reads (memory-bound)."""
     import gguf
 
-    from specgguf.ggufinfo import read_gguf
+    from specgguf.runtime.ggufinfo import read_gguf
 
     def weight_bytes(info) -> dict:
         out = {}

@@ -1,4 +1,4 @@
-"""Checks of a draft against the target GGUF it will run with (read by specgguf.ggufinfo).
+"""Checks of a draft against the target GGUF it will run with (read by specgguf.runtime.ggufinfo).
 
 They run before any weight is converted, so a wrong pairing costs a second, not a conversion.
 """

@@ -303,7 +303,7 @@ def write_draft(plan: DraftPlan, target, out: Path, out_type: str = "f16",
                 progress: Callable[[int], None] | None = None) -> dict:
     """Write `plan` as a GGUF at `out` (atomically); returns {'bytes', 'types', 'tensors'}.
 
-    `target` is the target's GGUFInfo (specgguf.ggufinfo): its tokenizer is copied.
+    `target` is the target's GGUFInfo (specgguf.runtime.ggufinfo): its tokenizer is copied.
     """
     if out_type not in OUT_TYPES:
         raise UserError(f"unknown output type {out_type!r}; use one of {', '.join(OUT_TYPES)}")
@@ -371,7 +371,7 @@ def _quantize_child() -> None:  # pragma: no cover - runs in the child process
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     parent = os.getppid()
-    from specgguf import native
+    from specgguf.runtime import native
 
     failed: list[str] = []
 
@@ -442,7 +442,7 @@ def _write_gguf(plan: DraftPlan, target_path: Path, path: Path, out_type: str, p
 
 
 def _types_in(path: Path) -> dict:
-    from specgguf.ggufinfo import read_gguf
+    from specgguf.runtime.ggufinfo import read_gguf
 
     counts: dict[str, int] = {}
     for name in read_gguf(path, "draft").tensor_types.values():

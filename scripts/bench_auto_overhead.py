@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speedup import PROMPTS  # noqa: E402
 
 from specgguf.api import SpecGGUF  # noqa: E402
-from specgguf.defaults import requantized_default  # noqa: E402
+from specgguf.runtime.defaults import requantized_default  # noqa: E402
 from specgguf.drafters import make_drafter  # noqa: E402
-from specgguf.engine import Engine  # noqa: E402
+from specgguf.decoding.engine import Engine  # noqa: E402
 
 
 def main() -> int:

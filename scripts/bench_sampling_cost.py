@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     rows, seq = gemma_rows(args.rows)
-    import specgguf.sampling as current
+    import specgguf.decoding.sampling as current
 
     mods = {"this tree": current}
     if args.baseline:

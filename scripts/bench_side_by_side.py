@@ -56,10 +56,10 @@ if cpp_baseline.find_tool() is None:
     sys.exit(f"error: {cpp_baseline.TOOL} is not built; run scripts/build_llama_cpp_tools.sh first")
 os.environ["LLAMA_CPP_LIB_PATH"] = str(cpp_baseline.lib_dir())  # before llama_cpp is imported
 
-from specgguf import native  # noqa: E402
+from specgguf.runtime import native  # noqa: E402
 from specgguf.api import SpecGGUF  # noqa: E402
 from specgguf.cli.options import DEMO_PROMPT  # noqa: E402
-from specgguf.defaults import default_target  # noqa: E402
+from specgguf.runtime.defaults import default_target  # noqa: E402
 
 FUNCTION = '''def moving_average(values, window):
     """Return the moving averages of `values` over `window` items."""

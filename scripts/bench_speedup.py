@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 
 from specgguf.api import SpecGGUF
-from specgguf.defaults import requantized_default
+from specgguf.runtime.defaults import requantized_default
 from specgguf.drafters import make_drafter
-from specgguf.engine import Engine
-from specgguf.sampling import SamplingParams
+from specgguf.decoding.engine import Engine
+from specgguf.decoding.sampling import SamplingParams
 
 PASSAGE = (
     "The river rises in the northern hills and runs south for two hundred miles. In spring the "
@@ -123,7 +123,7 @@ def dspark_sampling_rows(max_tokens: int, n: int, threads: int | None) -> list[d
     import shutil
     import tempfile
 
-    from specgguf.synthetic import QwenShape, write_dflash, write_qwen3
+    from specgguf.synthetic.qwen3 import QwenShape, write_dflash, write_qwen3
 
     tmp = Path(tempfile.mkdtemp(prefix="specgguf-bench-dspark-"))
     try:

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from specgguf.api import SpecGGUF
-from specgguf.constraints import json_grammar, schema_grammar
+from specgguf.openai.constraints import json_grammar, schema_grammar
 from specgguf.drafters import make_drafter
-from specgguf.engine import Engine
+from specgguf.decoding.engine import Engine
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
                                            "city": {"type": "string", "maxLength": 24},
@@ -42,11 +42,11 @@ def main() -> int:
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     if args.target == "gemma":
-        from specgguf.defaults import requantized_default
+        from specgguf.runtime.defaults import requantized_default
 
         target, model_draft = None, str(requantized_default("q3_k_s"))
     else:
-        from specgguf.synthetic import QwenShape, write_qwen3
+        from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
 
         target = str(write_qwen3(Path(tmp.name) / "t.gguf", QwenShape(), seed=0))
         model_draft = str(write_qwen3(Path(tmp.name) / "d.gguf", QwenShape(), seed=0, perturb=0.1))

@@ -37,11 +37,11 @@ if cpp_baseline.find_tool() is None:
     sys.exit(f"error: {cpp_baseline.TOOL} is not built; run scripts/build_llama_cpp_tools.sh first")
 os.environ["LLAMA_CPP_LIB_PATH"] = str(cpp_baseline.lib_dir())  # before llama_cpp is imported
 
-from specgguf import native  # noqa: E402
+from specgguf.runtime import native  # noqa: E402
 from specgguf.drafters import make_drafter  # noqa: E402
-from specgguf.engine import Engine  # noqa: E402
-from specgguf.synthetic import QwenShape, write_qwen3  # noqa: E402
-from specgguf.target import Target  # noqa: E402
+from specgguf.decoding.engine import Engine  # noqa: E402
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3  # noqa: E402
+from specgguf.runtime.target import Target  # noqa: E402
 
 PROMPT = ("User: Write a short story about a robot who learns to paint. Describe the colours it "
           "mixes and the first picture it finishes.\nAssistant:")
@@ -80,7 +80,7 @@ def models(which: list[str], workdir: Path) -> list[tuple[str, Path, Path]]:
         d = write_qwen3(workdir / "bench-qwen3-draft.gguf", BENCH_SHAPE, seed=0, perturb=0.1)
         out.append(("qwen3-synthetic-512x4", t, d))
     if "gemma" in which:
-        from specgguf.defaults import default_target, requantized_default
+        from specgguf.runtime.defaults import default_target, requantized_default
 
         out.append(("gemma3-270m+q3_k_s", default_target(), requantized_default("q3_k_s")))
     return out

@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import cpp_baseline  # noqa: E402  (runs and parses llama-speculative-simple)
 
-from specgguf import native  # noqa: E402
+from specgguf.runtime import native  # noqa: E402
 from specgguf.drafters import make_drafter  # noqa: E402
-from specgguf.engine import Engine  # noqa: E402
-from specgguf.synthetic import SPECIALS, finish_gguf, train_bpe  # noqa: E402
-from specgguf.target import Target  # noqa: E402
+from specgguf.decoding.engine import Engine  # noqa: E402
+from specgguf.synthetic.qwen3 import SPECIALS, finish_gguf, train_bpe  # noqa: E402
+from specgguf.runtime.target import Target  # noqa: E402
 
 N_VOCAB = 151936  # Qwen3's
 FULL = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288,

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(ROOT / "bench" / "load_test_server.json"))
     a = ap.parse_args(argv)
     from serverproc import start_server
-    from specgguf.defaults import default_target
+    from specgguf.runtime.defaults import default_target
 
     target = a.target or default_target()
     args = [target, "--ctx", "1024", "--max-queue", str(a.clients + 8)] + (["--draft", a.draft] if a.draft else [])

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 __all__ = ["SpecGGUF", "Result", "Chunk", "GenerationStats", "UserError", "RequestError"]
 
-_WHERE = {"SpecGGUF": "api", "Result": "api", "Chunk": "api", "GenerationStats": "stats",
-          "UserError": "errors", "RequestError": "params"}
+_WHERE = {"SpecGGUF": "api", "Result": "api", "Chunk": "api", "GenerationStats": "decoding.stats",
+          "UserError": "errors", "RequestError": "errors"}
 
 
 def __getattr__(name: str):

@@ -12,16 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import constraints, llamaargs, native, params, responses
-from .chat import ChatFormat
+from .openai import constraints, llamaargs, params, responses
+from .runtime import native
+from .openai.chat import ChatFormat
 from .drafters import make_drafter
-from .engine import Engine
+from .decoding.engine import Engine
 from .errors import UserError
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .target import Target
-from .textstream import TextStream
-from .tools import ToolSet
+from .decoding.sampling import SamplingParams
+from .decoding.stats import GenerationStats
+from .runtime.target import Target
+from .decoding.textstream import TextStream
+from .openai.tools import ToolSet
 
 
 @dataclass
@@ -90,7 +91,7 @@ class SpecGGUF:
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
         Llama's default value where SpecGGUF runs llama.cpp's default (use_mmap=True, ...), and
         refused otherwise (ValueError naming the argument; TypeError for unknown names).
-        See specgguf/llamaargs.py for the list.
+        See specgguf/openai/llamaargs.py for the list.
         rpc_servers: 'HOST:PORT[,HOST:PORT...]' of llama.cpp RPC servers (`ggml-rpc-server`) that
         hold the n_gpu_layers offloaded target layers; needs a GGML_RPC build (README: Scale-out)."""
         self.drafter = self.target = None
@@ -102,7 +103,7 @@ class SpecGGUF:
             draft = "ngram"
         native.set_verbose(verbose)
         if target is None:
-            from .defaults import default_target
+            from .runtime.defaults import default_target
 
             target = default_target()
         try:
@@ -302,7 +303,7 @@ class SpecGGUF:
                       repeats: int = 2):
         """Run the real loop at fixed draft lengths (and plainly) on `prompt_tokens`; return the
         measured `tuning.Costs`, which also land in the profile cache that `auto` starts from."""
-        from .profiling import ProfileStore
+        from .decoding.profiling import ProfileStore
 
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise params.RequestError(f"tokens must be a whole number >= 1 (got {tokens!r})", param="tokens")

@@ -19,6 +19,18 @@ class UserError(Exception):
         self.param = param
 
 
+class RequestError(UserError, ValueError):
+    """A request the server answers with an OpenAI-shaped error (status 400 unless said)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.param, self.code, self.status, self.kind = param, code, status, kind
+
+    def to_dict(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
 class LlamaError(RuntimeError):
     """llama.cpp refused or failed an operation (a return code turned into an exception)."""
 

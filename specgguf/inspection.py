@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from .compat import (LAYER_INPUT_ARCHS, check_hidden_state_pair, check_loadable, check_mtp_pair,
-                     check_shared_vocab, is_gemma4_draft, needs_eagle3_patch)
+from .runtime.compat import LAYER_INPUT_ARCHS, check_hidden_state_pair, check_loadable, check_mtp_pair, check_shared_vocab, is_gemma4_draft, needs_eagle3_patch
 from .drafters import detect_kind
 from .errors import UserError
-from .ggufinfo import read_gguf
-from .patchprobe import BUILD_COMMAND
+from .runtime.ggufinfo import read_gguf
+from .runtime.patchprobe import BUILD_COMMAND
 
 
 def describe(path, target_path=None) -> list[str]:

@@ -406,7 +406,7 @@ def make_deepspec_eagle3_checkpoint(directory: Path, spec: TargetSpec = TargetSp
 
 
 # --------------------------------------------------------------------------------------
-# Gemma-4 DFlash / DSpark checkpoints for a synthetic gemma4 target (specgguf.synthetic_gemma4)
+# Gemma-4 DFlash / DSpark checkpoints for a synthetic gemma4 target (specgguf.synthetic.gemma4)
 # --------------------------------------------------------------------------------------
 
 
@@ -428,10 +428,10 @@ def make_gemma4_dspark_checkpoint(directory: Path, target_path, *, dtype="BF16",
                                   softcap=None, **config_kw) -> Path:
     """A Gemma4DSparkModel checkpoint whose embeddings and head are the target's (frozen copies,
     as DeepSpec trains them) and whose mask is Gemma's `<mask>` (id 4). counting=True: the Markov
-    head encodes the counting target's successor rule (specgguf.synthetic_gemma4) and outweighs
+    head encodes the counting target's successor rule (specgguf.synthetic.gemma4) and outweighs
     the draft's own logits, so whole blocks are accepted where the target counts."""
-    from specgguf.synthetic import head_for
-    from specgguf.synthetic_gemma4 import MASK_ID, gemma_successor
+    from specgguf.synthetic.qwen3 import head_for
+    from specgguf.synthetic.gemma4 import MASK_ID, gemma_successor
 
     spec, tw, types = gemma4_target_spec(target_path)
     config = dspark_config(spec, backbone="gemma4", **config_kw)
@@ -489,7 +489,7 @@ def gemma4_eagle3_tensors(config: dict, embed: np.ndarray, head: np.ndarray, see
 
 def make_gemma4_eagle3_checkpoint(directory: Path, target_path, *, dtype="BF16", seed=4, softcap=None,
                                   head=None, **config_kw) -> Path:
-    """A Gemma4Eagle3Model checkpoint for a gemma4 target GGUF (specgguf.synthetic_gemma4): its
+    """A Gemma4Eagle3Model checkpoint for a gemma4 target GGUF (specgguf.synthetic.gemma4): its
     embeddings and head are the target's (frozen copies), unless `head` ([V, H]) replaces the head."""
     spec, tw, _ = gemma4_target_spec(target_path)
     config = gemma4_eagle3_config(spec, softcap=softcap, **config_kw,

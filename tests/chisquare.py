@@ -86,7 +86,7 @@ def _gamma_q(a: float, x: float) -> float:
 def target_probs(llm, prompt, prefix, sampling):
     """p(. | prompt + prefix) from a plain decode of the target, through the same transform;
     the mass of all end-of-generation tokens goes to one extra cell, the last."""
-    from specgguf.sampling import Sampler
+    from specgguf.decoding.sampling import Sampler
 
     ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
     ctx.clear()

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from specgguf.synthetic import QwenShape, write_qwen3
-from specgguf.synthetic_gemma4 import Gemma4Shape, write_gemma4
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
+from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4
 
 # sqrt(96) = 9.798 is not a bf16 number (it rounds to 9.8125): the embedding scale's rounding shows
 GEMMA4_WIDE = Gemma4Shape(n_embd=96)
@@ -20,7 +20,7 @@ def require_eagle3_patch(gemma: bool = False) -> bool:
     """True when the loaded libllama has specgguf's eagle3 patches (0003, Gemma 4's layer,
     too with gemma=True); else the test skips, or fails under SPECGGUF_REQUIRE_PATCHED=1
     (CI's patched stage, where a skip would hide a broken build)."""
-    from specgguf import native, patchprobe
+    from specgguf.runtime import native, patchprobe
 
     if patchprobe.has_eagle3_patch(gemma=gemma):
         return True
@@ -39,14 +39,14 @@ def gemma4_wide_target(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gemma_path():
-    from specgguf.defaults import default_target
+    from specgguf.runtime.defaults import default_target
 
     return default_target()
 
 
 @pytest.fixture(scope="session")
 def gemma_draft_path():
-    from specgguf.defaults import requantized_default
+    from specgguf.runtime.defaults import requantized_default
 
     return requantized_default("q3_k_s")
 
@@ -77,7 +77,7 @@ def counting_target(synth_dir):
 @pytest.fixture(scope="session")
 def hidden_drafts(synth_dir):
     """Synthetic eagle3/dflash/dspark drafts for the synthetic qwen3 targets, by name."""
-    from specgguf.synthetic import write_dflash, write_eagle3
+    from specgguf.synthetic.qwen3 import write_dflash, write_eagle3
 
     d = synth_dir
     return {

@@ -139,7 +139,7 @@ def test_bad_prompts(llm):
 
 
 def test_sampling_reaches_the_engine(llm):
-    pytest.importorskip("specgguf.sampling")
+    pytest.importorskip("specgguf.decoding.sampling")
     a = llm.generate(PROMPT, max_tokens=16, temperature=1.0, seed=7)
     b = llm.generate(PROMPT, max_tokens=16, temperature=1.0, seed=7)
     greedy = llm.generate(PROMPT, max_tokens=16)

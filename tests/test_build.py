@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from specgguf import building, patchprobe
+from specgguf.runtime import building, patchprobe
 from test_cli import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def test_wheel_holds_what_a_pip_user_needs(wheel):
     assert len(patches) >= 2
     for p in patches:
         assert f"specgguf/patches/{p}" in names
-    for module in ("specgguf/building.py", "specgguf/cli/build.py", "specgguf/models/deepspec.json",
+    for module in ("specgguf/runtime/building.py", "specgguf/cli/build.py", "specgguf/models/deepspec.json",
                    "specgguf/converters/convert.py", "specgguf/server/app.py", "specgguf/drafters/base.py"):
         assert module in names, module
     dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
@@ -66,7 +66,7 @@ def test_shipped_patches_are_the_repository_ones():
 def test_messages_name_the_command():
     assert patchprobe.BUILD_COMMAND == "specgguf build-llama --patched"
     assert building.command(patched=True, backend="cuda", rpc=True) == "specgguf build-llama --patched --rpc --cuda"
-    for path in ("specgguf/compat.py", "specgguf/inspection.py", "models/deepspec.json", "README.md",
+    for path in ("specgguf/runtime/compat.py", "specgguf/inspection.py", "models/deepspec.json", "README.md",
                  "converters/deepspec_eagle3.py"):
         assert "build_patched" not in (ROOT / path).read_text(), path
 

@@ -8,8 +8,8 @@ import pytest
 
 from specgguf.converters import convert
 from specgguf.drafters import make_drafter
-from specgguf.engine import Engine
-from specgguf.target import Target
+from specgguf.decoding.engine import Engine
+from specgguf.runtime.target import Target
 
 import checkpoint_fixtures as F
 

@@ -25,7 +25,7 @@ import gguf
 from specgguf.errors import UserError
 from specgguf.converters import convert
 from specgguf.converters.writer import partial_files
-from specgguf.ggufinfo import read_gguf
+from specgguf.runtime.ggufinfo import read_gguf
 
 import checkpoint_fixtures as F
 

@@ -2,7 +2,7 @@
 
 For each kind (Qwen3 DFlash, Qwen3 DSpark with Markov + confidence heads, standard EAGLE-3;
 Gemma 4's need a gemma4 target: tests/test_gemma4.py) the converted GGUF runs one draft step
-in llama.cpp (through specgguf.native) on random target features, and its logits are compared with the numpy
+in llama.cpp (through specgguf.runtime.native) on random target features, and its logits are compared with the numpy
 reference forward pass (tests/reference_dspark.py) on the same checkpoint weights.
 """
 
@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from specgguf import native
+from specgguf.runtime import native
 from specgguf.converters import convert
 from specgguf.converters.safetensors import Weights
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from chisquare import gof, pvalue
-from specgguf import noise
+from specgguf.decoding import noise
 from specgguf.api import SpecGGUF
-from specgguf.sampling import Dist, Sampler, SamplingParams
+from specgguf.decoding.sampling import Dist, Sampler, SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\nfor i in range(10):\n"
 SAMPLED = {"T0.7": dict(temperature=0.7, top_k=40, top_p=0.9), "T1.0": dict(temperature=1.0, top_k=80, top_p=0.95)}
@@ -101,7 +101,7 @@ def drafts(qwen3_draft, hidden_drafts, qwen3_target, counting_target, synth_dir)
     """(target, draft) per drafter kind, on the random target (sampling there is really
     random); "dspark-counting" on the counting target, whose rule that draft knows (its
     drafts are accepted, but the target is so sure that sampling there is deterministic)."""
-    from specgguf.synthetic import write_dflash
+    from specgguf.synthetic.qwen3 import write_dflash
 
     dspark = synth_dir / "dspark-random.gguf"
     if not dspark.exists():

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from conftest import require_eagle3_patch, run_cli
-from specgguf import native, patchprobe
+from specgguf.runtime import native, patchprobe
 from specgguf.converters import convert
 from specgguf.drafters import make_drafter
-from specgguf.engine import Engine
-from specgguf.synthetic import bigger, head_for, qwen3_weights, successor, write_qwen3
-from specgguf.target import Target
+from specgguf.decoding.engine import Engine
+from specgguf.synthetic.qwen3 import bigger, head_for, qwen3_weights, successor, write_qwen3
+from specgguf.runtime.target import Target
 from test_cli import assert_one_line_error
 from test_convert_llama import checkpoint_weights
 

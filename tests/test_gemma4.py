@@ -18,11 +18,10 @@ import math
 import numpy as np
 import pytest
 
-from specgguf import native
+from specgguf.runtime import native
 from specgguf.converters import convert
-from specgguf.synthetic import QwenShape, write_qwen3
-from specgguf.synthetic_gemma4 import (MASK_ID, Gemma4Shape, gemma_successor, plain_ids, write_gemma4,
-                                       write_gemma4_assistant)
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
+from specgguf.synthetic.gemma4 import MASK_ID, Gemma4Shape, gemma_successor, plain_ids, write_gemma4, write_gemma4_assistant
 
 import checkpoint_fixtures as F
 import reference_dspark as R
@@ -300,7 +299,7 @@ def test_inspect_says_build_and_target_archs(g4_drafts, g4_counting, tmp_path):
     assert "runs on:      the stock build, beside a gemma4 target" in proc.stdout
     assert "pairing:      fits target" in proc.stdout
     # a DeepSpec Eagle3 (5 layers, q/k norms) needs the patched build
-    from specgguf.synthetic import write_eagle3
+    from specgguf.synthetic.qwen3 import write_eagle3
 
     e3 = write_eagle3(tmp_path / "e3.gguf", layers=(0, 1, 2, 3, 4), qk_norm=True)
     proc = run_cli("inspect", e3)

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli
 from specgguf import SpecGGUF
 from specgguf.errors import UserError
-from specgguf.synthetic import QwenShape, write_dflash, write_eagle3, write_qwen3
+from specgguf.synthetic.qwen3 import QwenShape, write_dflash, write_eagle3, write_qwen3
 from test_cli import assert_one_line_error
 
 
@@ -78,7 +78,7 @@ def write_mamba(path, n_embd=32, n_layer=2, d_inner=64, d_state=8, d_conv=4, dt_
     import gguf
     import numpy as np
 
-    from specgguf.synthetic import add_tokenizer, finish_gguf
+    from specgguf.synthetic.qwen3 import add_tokenizer, finish_gguf
 
     w = gguf.GGUFWriter(str(path), "mamba")
     w.add_context_length(1024)
@@ -209,7 +209,7 @@ def test_calls_after_close_are_errors_not_crashes(qwen3_target):
 
 
 def test_closing_a_model_closes_its_contexts_first(qwen3_target):
-    from specgguf import native
+    from specgguf.runtime import native
 
     model = native.Model(qwen3_target)
     ctx = native.Context(model, n_ctx=256)
@@ -244,7 +244,7 @@ def test_two_threads_on_one_model_twenty_times(llm):
 
 
 def test_interleaved_streams_refuse_the_second_and_keep_the_first(llm):
-    from specgguf.target import BusyError
+    from specgguf.runtime.target import BusyError
 
     expected = llm.generate("alpha beta gamma alpha beta", max_tokens=8).text
     first = llm.stream("alpha beta gamma alpha beta", max_tokens=8)

@@ -8,9 +8,9 @@ import pytest
 
 from conftest import run_cli
 from specgguf.drafters import make_drafter
-from specgguf.engine import Engine
-from specgguf.synthetic import DraftShape, QwenShape, write_dflash, write_eagle3, write_qwen3
-from specgguf.target import Target
+from specgguf.decoding.engine import Engine
+from specgguf.synthetic.qwen3 import DraftShape, QwenShape, write_dflash, write_eagle3, write_qwen3
+from specgguf.runtime.target import Target
 from test_cli import assert_one_line_error
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n", "Hello, world! How are you today?"]

@@ -73,7 +73,7 @@ def test_no_import_cycles():
 
 def test_ctypes_only_in_native():
     users = [name for name, path in _modules().items() if "import ctypes" in path.read_text()]
-    assert users == ["specgguf.native"], users
+    assert users == ["specgguf.runtime.native"], users
 
 
 def test_library_does_not_import_front_ends():
@@ -84,3 +84,41 @@ def test_library_does_not_import_front_ends():
             continue
         bad = [m for m in _imports(name, path, set(mods)) if m.startswith(front)]
         assert not bad, f"{name} imports front ends {bad}"
+
+
+# Each package and what it may import (besides itself and `specgguf.errors`): the layers of
+# docs/layers.md, bottom to top. A new edge that breaks them fails here, not in review.
+LAYERS = {
+    "specgguf.synthetic": set(),
+    "specgguf.runtime": {"specgguf.synthetic"},
+    "specgguf.converters": {"specgguf.runtime"},
+    "specgguf.decoding": {"specgguf.runtime"},
+    "specgguf.drafters": {"specgguf.runtime", "specgguf.decoding"},
+    "specgguf.inspection": {"specgguf.runtime", "specgguf.drafters"},
+    "specgguf.openai": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters"},
+    "specgguf.api": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters", "specgguf.openai"},
+}
+
+
+def _layer(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def test_packages_import_only_the_layers_below():
+    mods = _modules()
+    for name, path in mods.items():
+        layer = _layer(name)
+        if layer not in LAYERS:
+            assert layer in ("specgguf", "specgguf.errors", "specgguf.cli", "specgguf.server", "specgguf.__main__"), \
+                f"{layer} is in no layer of tests/test_layout.py LAYERS (and docs/layers.md): add it there"
+            continue
+        allowed = LAYERS[layer] | {layer, "specgguf.errors"}
+        bad = sorted(m for m in _imports(name, path, set(mods)) if _layer(m) not in allowed and m != "specgguf")
+        assert not bad, f"{name} ({layer}) imports {bad}; it may import only {sorted(allowed)}"
+
+
+def test_every_layer_is_documented():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "layers.md").read_text()
+    for layer in [*LAYERS, "specgguf.cli", "specgguf.server", "specgguf.errors"]:
+        short = layer.removeprefix("specgguf.")
+        assert f"`{short}" in doc, f"docs/layers.md does not name {short}"

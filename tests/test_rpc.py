@@ -23,7 +23,7 @@ import pytest
 
 import cpp_baseline
 from conftest import run_cli
-from specgguf import rpc
+from specgguf.runtime import rpc
 from specgguf.errors import UserError
 from test_cli import assert_one_line_error
 

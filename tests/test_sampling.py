@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from specgguf.api import SpecGGUF
 from specgguf.errors import UserError
-from specgguf.sampling import Sampler, SamplingParams
+from specgguf.decoding.sampling import Sampler, SamplingParams
 from test_cli import assert_one_line_error
 
 # -- settings ----------------------------------------------------------------------------------

@@ -24,14 +24,14 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-import specgguf.engine as engine_mod
-import specgguf.verify as verify_mod
+import specgguf.decoding.engine as engine_mod
+import specgguf.decoding.verify as verify_mod
 from chisquare import gof, pvalue, target_probs
-from specgguf import noise as noise_mod
+from specgguf.decoding import noise as noise_mod
 from specgguf.api import SpecGGUF
-from specgguf.sampling import SamplingParams
-from specgguf.synthetic import QwenShape, write_qwen3
-from specgguf.verify import ratio as real_ratio
+from specgguf.decoding.sampling import SamplingParams
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
+from specgguf.decoding.verify import ratio as real_ratio
 
 ALPHA = 1e-3  # each configuration passes when p > ALPHA; seeds are fixed, so the outcome is too
 N_SEEDS = 1600

@@ -451,7 +451,7 @@ def test_full_queue_answers_503_with_retry_after(qwen_keyed):
 
 @pytest.fixture(scope="module")
 def counting(tmp_path_factory):
-    from specgguf.synthetic import write_dflash, write_eagle3, write_qwen3
+    from specgguf.synthetic.qwen3 import write_dflash, write_eagle3, write_qwen3
 
     d = tmp_path_factory.mktemp("served-kinds")
     return write_qwen3(d / "counting.gguf", counting=True), {

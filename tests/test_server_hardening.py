@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from serverproc import start_server
-from specgguf.synthetic import QwenShape, write_qwen3
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
 from test_cli import assert_one_line_error
 from test_server import assert_openai_error, health, raw
 

@@ -1,5 +1,5 @@
 """Structured output under speculation: GBNF grammars and JSON schemas applied to the target at
-every verified position (specgguf/constraints.py).
+every verified position (specgguf/openai/constraints.py).
 
 What is compared: the greedy output of speculative decoding with a grammar equals, token for
 token, plain decoding with the same grammar (the same loop with no drafter, one target row per
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from specgguf.api import SpecGGUF
-from specgguf.constraints import json_grammar, schema_grammar
-from specgguf.sampling import SamplingParams
+from specgguf.openai.constraints import json_grammar, schema_grammar
+from specgguf.decoding.sampling import SamplingParams
 
 # A small test set of schemas; every string and number is bounded, so that even a random
 # synthetic model has to finish the object within the token budget.
@@ -94,7 +94,7 @@ def test_schema_output_equals_llama_cpp_python(qwen3_target, qwen3_draft):
     a near-tie among digits (logit gap ~1e-3) can fall the other way."""
     from llama_cpp import Llama, LlamaGrammar
 
-    from specgguf.native import default_threads
+    from specgguf.runtime.native import default_threads
 
     ref = Llama(model_path=str(qwen3_target), n_ctx=512, verbose=False, flash_attn=True, n_threads=default_threads())
     try:
@@ -140,7 +140,7 @@ def test_sampled_ratio_rule_keeps_the_masked_distribution(qwen3_target, qwen3_dr
     seeds match the masked target distribution (chi-square), and nothing leaves the grammar."""
     from chisquare import gof, pvalue
 
-    from specgguf import native
+    from specgguf.runtime import native
 
     gbnf = 'root ::= [a-f] [a-f]'
     runs, temp = 300, 0.9

@@ -13,7 +13,7 @@ from chisquare import gof, pvalue, target_probs
 from conftest import run_cli
 from specgguf.api import SpecGGUF
 from specgguf.drafters.suffix import SuffixDrafter, TokenStore
-from specgguf.sampling import SamplingParams
+from specgguf.decoding.sampling import SamplingParams
 from test_cli import assert_one_line_error
 
 # -- lookups (no model) ----------------------------------------------------------------------
@@ -163,7 +163,7 @@ def _chi_square(llm, prompt, pairs, sampling_kw):
 def test_sampled_output_follows_the_target(synth_dir, qwen3_target, tmp_path, monkeypatch, kind):
     """Suffix drafts are point masses (the ratio rule's q = None); the hybrid mixes them with a
     far draft model's sampled drafts (its q). Both must leave the output distributed as p."""
-    from specgguf.synthetic import QwenShape, write_qwen3
+    from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
 
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
     if kind == "suffix":

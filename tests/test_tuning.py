@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from specgguf import profiling
-from specgguf.calibration import LOOKUP_DOUBT_POWER, Calibration
-from specgguf.tuning import PRIOR_ROW, Acceptance, Costs, LengthController, choose_length, expected_tokens
+from specgguf.decoding import profiling
+from specgguf.decoding.calibration import LOOKUP_DOUBT_POWER, Calibration
+from specgguf.decoding.tuning import PRIOR_ROW, Acceptance, Costs, LengthController, choose_length, expected_tokens
 
 
 def costs(v0, slope, draft_round=0.0, draft_step=0.0, widths=range(0, 9), block=False):
@@ -414,7 +414,7 @@ def test_lookup_calibration_carries_to_the_next_process(tmp_path, monkeypatch):
     """What verification taught the calibration (a lookup drafter's confident drafts are
     right) is saved with the profile: the next process starts calibrated, not at the raw
     guess. A damaged file is a cache miss, never an error."""
-    from specgguf.calibration import Calibration
+    from specgguf.decoding.calibration import Calibration
 
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "m.gguf"
@@ -444,7 +444,7 @@ def test_first_pass_that_wide_is_not_a_cost(qwen3_target):
     """llama.cpp grows its output buffer on the first pass with more outputs than any before
     (on the embedded Gemma: a 64-wide verify took 399 ms the first time, 348 ms after): the
     context flags that pass `cold`, and the cost model does not learn from it."""
-    from specgguf.target import Target
+    from specgguf.runtime.target import Target
 
     with Target(qwen3_target, n_ctx=256) as target:
         ctx, batch = target.ctx, target.batch
@@ -470,9 +470,9 @@ def test_first_pass_that_wide_is_not_a_cost(qwen3_target):
 @pytest.mark.parametrize("draft", ["ngram", "model", "dspark"])
 def test_auto_length_keeps_greedy_output(qwen3_target, qwen3_draft, tmp_path, monkeypatch, draft):
     from specgguf.drafters import make_drafter
-    from specgguf.engine import Engine
-    from specgguf.synthetic import write_dflash, write_qwen3
-    from specgguf.target import Target
+    from specgguf.decoding.engine import Engine
+    from specgguf.synthetic.qwen3 import write_dflash, write_qwen3
+    from specgguf.runtime.target import Target
 
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
     target_path = write_qwen3(tmp_path / "counting.gguf", counting=True) if draft == "dspark" else qwen3_target

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from chisquare import gof, pvalue
-from specgguf import verify
-from specgguf.noise import ACCEPT, DRAFT, RESIDUAL, TARGET, Noise
-from specgguf.sampling import Dist
+from specgguf.decoding import verify
+from specgguf.decoding.noise import ACCEPT, DRAFT, RESIDUAL, TARGET, Noise
+from specgguf.decoding.sampling import Dist
 
 ALPHA = 1e-3
 

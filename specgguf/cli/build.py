@@ -1,4 +1,4 @@
-"""`specgguf build-llama`: llama-cpp-python built for this machine (specgguf.building)."""
+"""`specgguf build-llama`: llama-cpp-python built for this machine (specgguf.runtime.building)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def build_llama(patched, cuda, metal, cpu, rpc, sdist, rebuild, no_install):
     same build installs again in seconds. Without a backend flag llama.cpp picks its default
     (Metal on Apple Silicon, else the CPU). $CMAKE_ARGS is passed on as well.
     """
-    from .. import building
+    from ..runtime import building
 
     chosen = [name for name, on in (("cuda", cuda), ("metal", metal), ("cpu", cpu)) if on]
     if len(chosen) > 1:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .. import params
+from ..openai import params
 from ..errors import LlamaError, UserError
 from .options import DEMO_PROMPT, flag_message, model_options, open_model, sampling_from, sampling_options
 from .build import build_llama

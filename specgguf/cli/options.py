@@ -111,7 +111,7 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
 
 
 def sampling_options(f):
-    """Sampler settings (specgguf.sampling.SamplingParams); the defaults decode greedily."""
+    """Sampler settings (specgguf.decoding.sampling.SamplingParams); the defaults decode greedily."""
     options = [
         click.option("--temperature", "--temp", "temperature", type=float, default=0.0, show_default=True,
                      help="Sampling temperature; 0 = greedy (the target's own arg-max)."),
@@ -144,7 +144,7 @@ def sampling_options(f):
 
 def sampling_from(opts: dict):
     """SamplingParams from (and removed from) the command's options; bad values: one line."""
-    from ..sampling import SamplingParams
+    from ..decoding.sampling import SamplingParams
 
     names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "penalty_last_n", "seed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ..tuning import expected_tokens
+from ..decoding.tuning import expected_tokens
 from .options import DEMO_PROMPT, model_options, open_model
 
 RATES = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)

@@ -41,9 +41,9 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     --draft PATH` on the command line). options: max_shared_tokens (suffix: the bound on the
     store of earlier outputs), ngram_min / ngram_max (ngram).
     `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
-    from ..compat import check_loadable
+    from ..runtime.compat import check_loadable
     from ..errors import UserError
-    from ..ggufinfo import read_gguf
+    from ..runtime.ggufinfo import read_gguf
 
     spec = os.fspath(spec)
     if target.model.recurrent:

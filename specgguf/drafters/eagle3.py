@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import native
+from ..runtime import native
 from .hidden import HiddenStateDrafter, top10_prob
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import native
-from ..compat import check_hidden_state_pair
+from ..runtime import native
+from ..runtime.compat import check_hidden_state_pair
 from . import top10_prob  # noqa: F401  (re-exported for eagle3/dflash)
 from .base import Drafter
 

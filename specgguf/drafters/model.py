@@ -8,8 +8,8 @@ id_last and then each greedy draft token; the caller rolls those cells back righ
 
 from __future__ import annotations
 
-from .. import native
-from ..compat import check_shared_vocab
+from ..runtime import native
+from ..runtime.compat import check_shared_vocab
 from . import top10_prob
 from .base import Drafter
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import native
-from ..compat import check_mtp_pair
+from ..runtime import native
+from ..runtime.compat import check_mtp_pair
 from . import top10_prob
 from .base import Drafter
 

@@ -22,8 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from ..errors import UserError
-from ..params import RequestError
+from ..errors import RequestError, UserError
 from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 

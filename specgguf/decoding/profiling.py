@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from .defaults import cache_dir
+from ..runtime.paths import cache_dir
 from .calibration import Calibration
 from .tuning import Costs
 
@@ -50,7 +50,7 @@ def _draft_identity(draft: str | None):
 def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str,
                 rpc_servers: list[str] | None = None) -> str:
     """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths)."""
-    from . import native
+    from ..runtime import native
 
     parts = {
         "v": PROFILE_VERSION,

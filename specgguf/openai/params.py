@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import json
 
-from .errors import UserError
-
-
-class RequestError(UserError, ValueError):
-    """A request the server answers with an OpenAI-shaped error (status 400 unless said)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.param, self.code, self.status, self.kind = param, code, status, kind
-
-    def to_dict(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+from ..errors import RequestError, UserError
 
 
 # name -> (accepted Python types, check, what the check means). Defaults are those of
-# `specgguf.sampling.SamplingParams` (greedy), not OpenAI's temperature 1.0: greedy output
+# `specgguf.decoding.sampling.SamplingParams` (greedy), not OpenAI's temperature 1.0: greedy output
 # is the target's own, token for token, which is what speculative decoding promises.
 _NUM = (int, float)
 SAMPLING_FIELDS = {
@@ -66,10 +54,10 @@ def sampling_fields(values: dict) -> dict:
 
 
 def sampling_params(fields: dict):
-    """`specgguf.sampling.SamplingParams` for `fields`, or None while that module is absent
+    """`specgguf.decoding.sampling.SamplingParams` for `fields`, or None while that module is absent
     (the engine is then greedy, which is also what the defaults ask for)."""
     try:
-        from .sampling import SamplingParams
+        from ..decoding.sampling import SamplingParams
     except ImportError:
         return None
     try:

@@ -24,7 +24,7 @@ import json
 import re
 import uuid
 
-from .params import RequestError
+from ..errors import RequestError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"

@@ -21,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import LlamaError, UserError
+from ..errors import LlamaError, UserError
 
 try:
     import llama_cpp as _llama_cpp_pkg
@@ -620,7 +620,7 @@ def library_path() -> str:
 
 # --------------------------------------------------------------------------------------
 # RPC devices: llama.cpp's RPC backend (a GGML_RPC build) and `ggml-rpc-server` processes
-# on other machines. specgguf/rpc.py greets each server first: llama.cpp aborts on one it
+# on other machines. specgguf/runtime/rpc.py greets each server first: llama.cpp aborts on one it
 # cannot reach.
 # --------------------------------------------------------------------------------------
 

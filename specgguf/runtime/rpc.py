@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from .errors import UserError
+from ..errors import UserError
 
 # The RPC protocol of the pinned llama.cpp (ggml-rpc.h): HELLO is command 14 and carries 24
 # bytes of transport capabilities; the reply is major, minor, patch, padding and 24 bytes.

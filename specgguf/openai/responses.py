@@ -15,7 +15,7 @@ import uuid
 from typing import Callable, Iterator
 
 from . import logprobs as lp
-from .stats import GenerationStats
+from ..decoding.stats import GenerationStats
 
 
 class Shaper:

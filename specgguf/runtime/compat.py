@@ -7,7 +7,7 @@ and ends in one `UserError` line.
 
 from __future__ import annotations
 
-from .errors import UserError
+from ..errors import UserError
 from .ggufinfo import GGUFInfo
 from .patchprobe import BUILD_COMMAND
 

@@ -10,7 +10,7 @@ What the build can add to the stock wheel from PyPI:
 
 Steps: download the sdist with pip (or take a local one), apply the patches, `pip wheel` it
 with CMAKE_ARGS (one llama.cpp compile: minutes), cache the wheel, install it into the running
-interpreter's environment. The cache, ${XDG_CACHE_HOME:-~/.cache}/specgguf/wheels/<key>/, is
+interpreter's environment. The cache, <user cache>/wheels/<key>/ (runtime/paths.py), is
 keyed by everything that changes the compiled library (version, patches, CMake arguments,
 Python tag and platform): a second build with the same inputs installs in seconds.
 """
@@ -32,7 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
+from ..errors import UserError
+from .paths import cache_dir
 
 VERSION = "0.3.36"  # the llama-cpp-python that specgguf pins (pyproject.toml)
 BACKENDS = ("cpu", "cuda", "metal")
@@ -103,8 +104,7 @@ class Plan:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specgguf" / "wheels"
+    return cache_dir(create=False) / "wheels"
 
 
 def cached_wheel(plan: Plan) -> Path | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-from .errors import UserError
+from ..errors import UserError
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
 from .verify import coupled as accept_coupled, greedy as accept_greedy, ratio as accept_ratio
@@ -225,7 +225,7 @@ class Generation:
         target.acquire(self)
         try:
             if self.grammar is not None:
-                from .constraints import Constraint
+                from .grammar import Constraint
 
                 self.constraint = Constraint(target.model, self.grammar)
             yield from self._rounds()

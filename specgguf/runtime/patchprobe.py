@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .paths import cache_dir
+
 BUILD_COMMAND = "specgguf build-llama --patched"  # building.command(); --cuda/--metal/--cpu pick the backend
 PROBE_LAYERS = (1, 2, 3, 4, 5)  # 5, as DeepSpec reads: != 3 is what the stock loader refuses
 _memo: dict[str, bool] = {}
@@ -35,8 +37,7 @@ sys.exit(0 if m else 3)
 
 
 def cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specgguf" / "eagle3-patch.json"
+    return cache_dir(create=False) / "eagle3-patch.json"
 
 
 def _key(lib: str, gemma: bool) -> str | None:
@@ -76,7 +77,7 @@ def has_eagle3_patch(lib: str | None = None, gemma: bool = False) -> bool:
 
 
 def _probe(lib: str, gemma: bool = False) -> bool | None:
-    from .synthetic import DraftShape, QwenShape, write_eagle3
+    from ..synthetic.qwen3 import DraftShape, QwenShape, write_eagle3
 
     with tempfile.TemporaryDirectory(prefix="specgguf-probe-") as tmp:
         path = Path(tmp) / "probe-eagle3.gguf"

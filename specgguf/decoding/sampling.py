@@ -45,7 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from . import noise as keyed
-from .errors import UserError
+from ..errors import UserError
 
 ACCEPT_RULES = ("auto", "coupled", "exact", "ratio")
 

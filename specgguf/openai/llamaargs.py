@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from .params import RequestError
+from ..errors import RequestError
 
 # Llama's default seed (LLAMA_DEFAULT_SEED) and -1 both mean "a random seed".
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)
@@ -105,7 +105,7 @@ def check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min, n_
                verbose, chat_format, last_n_tokens_size, logits_all, flash_attn):
     """Check the named constructor arguments (n_ctx, n_threads and n_gpu_layers are the target's
     to check: target.check_settings); returns (target path or None, seed or None)."""
-    from .drafters import KINDS
+    from ..drafters import KINDS
 
     if target is not None and model_path is not None:
         raise RequestError("give the target once: target or model_path, not both", param="model_path")

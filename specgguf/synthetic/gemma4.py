@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .synthetic import _CORPUS, _initializers, finish_gguf, head_for, learn_merges
+from .qwen3 import _CORPUS, _initializers, finish_gguf, head_for, learn_merges
 
 SPACE = "\u2581"
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # ids 0..4, as in Gemma 4

@@ -6,7 +6,7 @@ import threading
 
 from . import native
 from .compat import check_loadable
-from .errors import UserError
+from ..errors import UserError
 from .ggufinfo import GGUFInfo, read_gguf
 
 
@@ -48,7 +48,7 @@ def offload_devices(rpc_servers, n_gpu_layers: int) -> list[int] | None:
     """Where offloaded target layers go: None (llama.cpp's choice: this machine's GPUs), or the
     devices of the llama.cpp RPC servers in `rpc_servers` ('HOST:PORT,...') followed by this
     machine's GPUs, as llama.cpp's own --rpc orders them. Every server is greeted first
-    (specgguf/rpc.py): llama.cpp would abort the process on one it cannot reach."""
+    (specgguf/runtime/rpc.py): llama.cpp would abort the process on one it cannot reach."""
     if rpc_servers is None:
         return None
     from . import rpc

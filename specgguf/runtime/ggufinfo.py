@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError, missing_path
+from ..errors import UserError, missing_path
 
 GGUF_MAGIC = b"GGUF"
 

@@ -1,0 +1,8 @@
+"""The runtime: llama.cpp itself and what must be known before it is called.
+
+`native` (the only ctypes module: owned handles), `target` (the target model and its context),
+`ggufinfo` (cheap GGUF metadata reads), `compat` (every check that stops llama.cpp from aborting
+on a bad pair), `patchprobe` (does the library carry the Eagle3 patches), `building` (`specgguf build-llama`),
+`rpc` (RPC servers for target layers) and `defaults` (the embedded models, the user cache).
+It imports nothing of specgguf but `errors` and `synthetic` (probe models). docs/layers.md.
+"""
