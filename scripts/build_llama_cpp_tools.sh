@@ -19,7 +19,8 @@
 #
 # CMake options follow llama-cpp-python's own build where they matter for numerics: Release,
 # shared libraries, GGML defaults (GGML_NATIVE on, OpenMP on), plus $CMAKE_ARGS, which is also
-# what `pip install llama-cpp-python` passes (e.g. -DGGML_CUDA=on for a CUDA build).
+# what `pip install llama-cpp-python` passes (e.g. -DGGML_CUDA=on for a CUDA build), plus
+# -mno-amx-* when the compiler is a GCC older than 13.2.1 (it miscompiles AMX).
 # The last line printed is the binary's path.
 #
 # Env: SPECGGUF_CPP_TOOLS_DIR, CMAKE_ARGS, PYTHON (interpreter whose pip downloads; default
@@ -51,6 +52,9 @@ CMAKE_OPTS=(
 )
 # shellcheck disable=SC2206  # CMAKE_ARGS is a word list by convention (as for pip)
 EXTRA=(${CMAKE_ARGS:-})
+# ...plus what this machine's compiler needs: GCC < 13.2.1 miscompiles llama.cpp's AMX kernels,
+# so such a build leaves AMX out (specgguf/runtime/toolchain.py holds the rule; stdlib only)
+mapfile -t EXTRA < <("$PYTHON" "$(dirname "$0")/../specgguf/runtime/toolchain.py" ${EXTRA[@]+"${EXTRA[@]}"})
 TARGETS=(llama-speculative-simple ggml-rpc-server)
 STAMP_TEXT="llama-cpp-python==$VERSION ${TARGETS[*]} ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
 

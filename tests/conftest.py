@@ -16,6 +16,15 @@ from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4
 GEMMA4_WIDE = Gemma4Shape(n_embd=96)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def llama_cpp_python_as_specgguf_loads():
+    """Tests put `llama_cpp.Llama` beside specgguf on the same file: on a build whose AMX
+    kernels crash on this CPU it must load as specgguf does (runtime/amx.py), or it dies."""
+    from specgguf.runtime import native
+
+    native.guard_llama_cpp_python()
+
+
 def require_eagle3_patch(gemma: bool = False) -> bool:
     """True when the loaded libllama has specgguf's eagle3 patches (0003, Gemma 4's layer,
     too with gemma=True); else the test skips, or fails under SPECGGUF_REQUIRE_PATCHED=1

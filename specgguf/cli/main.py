@@ -11,6 +11,7 @@ from ..openai import params
 from ..errors import LlamaError, UserError
 from .options import DEMO_PROMPT, flag_message, model_options, open_model, sampling_from, sampling_options
 from .build import build_llama
+from .doctor import doctor
 from .profile import profile
 from .serve import serve
 
@@ -44,8 +45,15 @@ def _fail(message: str) -> None:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specgguf")
-def main():
+@click.option("--amx", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="AMX CPUs: auto (probe once whether this llama.cpp build's AMX kernels work here, "
+                   "fall back if not), on (trust the build), off (always fall back). Env: SPECGGUF_AMX.")
+def main(amx):
     """Speculative decoding for GGUF models: same output as the target, fewer target passes."""
+    if amx is not None:  # read by runtime/amx.py before the first model load (and by child processes)
+        import os
+
+        os.environ["SPECGGUF_AMX"] = amx
 
 
 # -- generate ------------------------------------------------------------------------------
@@ -143,3 +151,4 @@ _register_converters()
 main.add_command(serve)
 main.add_command(profile)
 main.add_command(build_llama)
+main.add_command(doctor)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
+from . import toolchain
 from .paths import cache_dir
 
 VERSION = "0.3.36"  # the llama-cpp-python that specgguf pins (pyproject.toml)
@@ -73,6 +74,8 @@ class Plan:
     rpc: bool = False
     extra_cmake_args: str = ""  # the user's own $CMAKE_ARGS, appended
     patches: list[tuple[str, bytes]] = field(default_factory=list)
+    # what this machine's compiler needs (toolchain.amx_flags); None: detect it
+    compiler_flags: list[str] | None = None
 
     def __post_init__(self):
         if self.backend is not None and self.backend not in BACKENDS:
@@ -84,6 +87,8 @@ class Plan:
         except ValueError as exc:
             raise UserError(f"CMAKE_ARGS cannot be split into arguments ({exc}): check its quotes",
                             param="extra_cmake_args") from None
+        if self.compiler_flags is None:
+            self.compiler_flags = toolchain.amx_flags()
 
     @property
     def cmake_args(self) -> list[str]:
@@ -91,7 +96,7 @@ class Plan:
                 "cpu": ["-DGGML_METAL=off"] if sys.platform == "darwin" else [], None: []}[self.backend]
         if self.rpc:
             args.append("-DGGML_RPC=on")
-        return args + shlex.split(self.extra_cmake_args)
+        return toolchain.merge(args + shlex.split(self.extra_cmake_args), self.compiler_flags or [])
 
     @property
     def key(self) -> str:
@@ -130,7 +135,7 @@ def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None 
         entry = cache_root() / plan.key
         entry.mkdir(parents=True, exist_ok=True)
         logfile = entry / "build.log"
-        env = dict(os.environ, CMAKE_ARGS=" ".join(plan.cmake_args))
+        env = dict(os.environ, CMAKE_ARGS=shlex.join(plan.cmake_args))
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         log(f"building the wheel: one llama.cpp compile, minutes (CMAKE_ARGS='{env['CMAKE_ARGS']}'; log: {logfile})")
         start = time.monotonic()

@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import LlamaError, UserError
+from . import amx
 
 try:
     import llama_cpp as _llama_cpp_pkg
@@ -175,6 +176,8 @@ class Model(_Owned):
         params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.vocab_only = bool(vocab_only)
+        if not vocab_only and amx_verdict().fallback:  # a build whose AMX kernels crash on this CPU
+            params.use_extra_bufts = False
         if devices is not None:  # where offloaded layers go (None: every GPU llama.cpp finds)
             self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
             params.devices = ctypes.addressof(self._devices)
@@ -612,6 +615,40 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: str,
                          "run with --verbose to see why")
 
 
+def system_info() -> str:
+    """llama.cpp's own line of backends and CPU features (`llama_print_system_info`)."""
+    return (C.llama_print_system_info() or b"").decode("utf-8", "replace")
+
+
+_amx_verdict: amx.Verdict | None = None
+
+
+def amx_verdict() -> amx.Verdict:
+    """Whether models load with the build's AMX buffers on this CPU (runtime/amx.py), decided
+    once per process before the first model load."""
+    global _amx_verdict
+    if _amx_verdict is None:
+        _amx_verdict = amx.decide(library_path(), system_info())
+    return _amx_verdict
+
+
+def guard_llama_cpp_python() -> None:
+    """Make `llama_cpp.Llama` objects built in this process load as specgguf's models do: on a
+    build whose AMX kernels crash here, without the extra buffers (tests and benchmarks that
+    put specgguf beside `llama_cpp.Llama` call this; specgguf itself never needs it)."""
+    if not amx_verdict().fallback or getattr(C.llama_model_default_params, "_specgguf_guard", False):
+        return
+    plain = C.llama_model_default_params
+
+    def guarded():
+        params = plain()
+        params.use_extra_bufts = False
+        return params
+
+    guarded._specgguf_guard = True
+    C.llama_model_default_params = guarded
+
+
 def library_path() -> str:
     """The libllama file this process loaded (profiles are keyed by it: a rebuilt library,
     CPU or GPU, has other costs)."""
@@ -671,6 +708,29 @@ def local_gpu_devices() -> list[int]:
     devs = [get(i) for i in range(n)]
     gpus = [d for d in devs if kind(d) == _DEV_GPU]
     return gpus or [d for d in devs if kind(d) == _DEV_IGPU][:1]
+
+
+_DEV_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+
+
+def devices() -> list[dict]:
+    """Every device llama.cpp's loaded backends offer: name, description, kind, memory (MiB)."""
+    n = _ggml("ggml_backend_dev_count", [], ctypes.c_size_t)()
+    get = _ggml("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
+    kind = _ggml("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
+    name = _ggml("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p)
+    desc = _ggml("ggml_backend_dev_description", [ctypes.c_void_p], ctypes.c_char_p)
+    memory = _ggml("ggml_backend_dev_memory", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                               ctypes.POINTER(ctypes.c_size_t)], None)
+    out = []
+    for i in range(n):
+        d = get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(d, ctypes.byref(free), ctypes.byref(total))
+        out.append({"name": (name(d) or b"").decode("utf-8", "replace"),
+                    "description": (desc(d) or b"").decode("utf-8", "replace"),
+                    "kind": _DEV_KINDS.get(kind(d), str(kind(d))), "memory_mib": total.value >> 20})
+    return out
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_char_p)

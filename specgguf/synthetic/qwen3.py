@@ -172,8 +172,10 @@ def head_for(embeddings: np.ndarray, next_of: np.ndarray, scale: float = 1.0) ->
 
 def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: float = 0.0,
                 perturb_seed: int = 1, name: str = "synthetic-qwen3", counting: bool = False,
-                tokenizer: dict | None = None, chat_template: str | None = None) -> Path:
+                tokenizer: dict | None = None, chat_template: str | None = None, quant: str | None = None) -> Path:
     """Write a qwen3 GGUF; `perturb` > 0 adds that much relative noise (a similar draft).
+    `quant` (a GGML type name such as "Q8_0") stores the matrices quantised by gguf's numpy
+    quantiser (rows whose length the type's block does not divide stay F32).
 
     counting=True makes a predictable target: small layer outputs and a head that maps each
     token to its successor (see `successor`), so greedy text counts through the vocabulary
@@ -210,6 +212,14 @@ def write_qwen3(path, shape: QwenShape = QwenShape(), seed: int = 0, perturb: fl
         for k, v in weights.items():
             if v.ndim == 2:
                 weights[k] = (v + perturb * v.std() * rng.standard_normal(v.shape)).astype(np.float32)
+    if quant is not None:
+        from gguf import quants
+
+        qtype = gguf.GGMLQuantizationType[quant]
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        for k, v in weights.items():
+            if v.ndim == 2 and v.shape[-1] % block == 0:
+                weights[k] = (quants.quantize(v, qtype), quant)
     return finish_gguf(writer, weights, path, tmp)
 
 

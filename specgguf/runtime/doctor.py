@@ -1,0 +1,115 @@
+"""`specgguf doctor`: what this install runs on, in one report a user can paste into a bug report.
+
+Every entry is gathered on its own: one that fails shows its error instead of ending the
+report. The last entry, `verdict`, is one line: `ok`, or what is wrong and the next step.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception as exc:  # a report entry, not a crash: say what failed
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _embedded_model():
+    from .defaults import DEFAULT_MODEL_PACKAGE
+
+    return {"package": DEFAULT_MODEL_PACKAGE, "installed": _version(DEFAULT_MODEL_PACKAGE) != "not installed"}
+
+
+def report() -> dict:
+    """Every entry of the report, as JSON-ready values."""
+    from . import amx, native, patchprobe, toolchain
+    from .paths import cache_dir
+
+    out = {
+        "specgguf": _version("specgguf"),
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.machine()} ({platform.platform()})",
+        "cpu": amx.cpu_model(),
+        "llama_cpp_python": native.LLAMA_CPP_PYTHON_VERSION,
+        "library": native.library_path(),
+        "system_info": _safe(native.system_info),
+        "devices": _safe(native.devices),
+        "rpc_backend": _safe(native.supports_rpc),
+        "compiler": _safe(toolchain.describe),
+        "amx": _safe(lambda: native.amx_verdict().to_dict()),
+        "eagle3_patches": _safe(lambda: {"qwen3": patchprobe.has_eagle3_patch(),
+                                         "gemma4": patchprobe.has_eagle3_patch(gemma=True)}),
+        "cache": str(cache_dir(create=False)),
+        "profiles": str(cache_dir(create=False) / "profiles"),
+        "huggingface_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME")
+        or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
+        "embedded_model": _safe(_embedded_model),
+    }
+    out["verdict"] = verdict(out)
+    return out
+
+
+def verdict(r: dict) -> str:
+    """`ok: ...`, or the first problem found and what to do about it."""
+    from .building import command
+
+    amx_state = r.get("amx") if isinstance(r.get("amx"), dict) else {}
+    devices = r.get("devices") if isinstance(r.get("devices"), list) else []
+    gpus = [d for d in devices if d.get("kind") in ("gpu", "igpu")]
+    if "error" in amx_state:
+        return f"problem: the AMX check failed ({amx_state['error']}); run with SPECGGUF_AMX=off to be safe"
+    if amx_state.get("state") == "crashes":
+        return ("works with a fallback: this llama.cpp build crashes in its AMX kernels on this CPU, so models "
+                f"load without AMX and CPU repack buffers; for a build that needs none: {command(False, 'cpu')}")
+    if not gpus and shutil.which("nvidia-smi"):
+        return f"problem: an NVIDIA GPU is here but this build has no CUDA backend; {command(False, 'cuda')}"
+    if not gpus and sys.platform == "darwin" and platform.machine() == "arm64":
+        return f"problem: Apple Silicon without the Metal backend; {command(False, 'metal')}"
+    where = ", ".join(d["description"] or d["name"] for d in gpus) if gpus else "the CPU"
+    return f"ok: llama.cpp runs on {where}"
+
+
+def lines(r: dict) -> list[str]:
+    """The report as aligned text lines."""
+    def show(value) -> str:
+        if isinstance(value, dict) and "error" in value:
+            return f"(could not tell: {value['error']})"
+        return str(value)
+
+    amx_state = r["amx"]
+    amx_text = (f"{amx_state['state']}: {amx_state['detail']}" if isinstance(amx_state, dict) and "state" in amx_state
+                else show(amx_state))
+    devices = r["devices"]
+    dev_text = ("; ".join(f"{d['name']}: {d['description']} ({d['kind']}, {d['memory_mib']} MiB)" for d in devices)
+                if isinstance(devices, list) else show(devices))
+    patches = r["eagle3_patches"]
+    patch_text = (f"qwen3 {'yes' if patches['qwen3'] else 'no'}, gemma4 {'yes' if patches['gemma4'] else 'no'}"
+                  + ("" if patches["qwen3"] else " (DeepSpec Eagle3 drafts need specgguf build-llama --patched)")
+                  if isinstance(patches, dict) and "qwen3" in patches else show(patches))
+    model = r["embedded_model"]
+    model_text = (f"{model['package']}: {'installed' if model['installed'] else 'not installed'}"
+                  if isinstance(model, dict) and "package" in model else show(model))
+    rows = [
+        ("specgguf", r["specgguf"]), ("python", r["python"]), ("platform", r["platform"]), ("cpu", r["cpu"]),
+        ("llama-cpp-python", f"{r['llama_cpp_python']} ({r['library']})"),
+        ("llama.cpp build", " ".join(show(r["system_info"]).split())), ("devices", dev_text),
+        ("rpc backend", show(r["rpc_backend"])), ("compiler", show(r["compiler"])), ("amx", amx_text),
+        ("eagle3 patches", patch_text), ("cache", r["cache"]), ("profiles", r["profiles"]),
+        ("hugging face cache", r["huggingface_cache"]), ("embedded model", model_text), ("verdict", r["verdict"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return [f"{k.ljust(width)}  {v}" for k, v in rows]
