@@ -170,8 +170,8 @@ BAD_REQUESTS = {
     "messages_empty": ("/v1/chat/completions", {"messages": []}, 400, "messages", "invalid_type"),
     "message_without_role": ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0]",
                              "invalid_type"),
-    "unknown_model": ("/v1/chat/completions", {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
-                      404, "model", "model_not_found"),
+    "model_not_a_string": ("/v1/chat/completions", {"model": 7, "messages": [{"role": "user", "content": "hi"}]},
+                           400, "model", "invalid_type"),
     "unknown_endpoint": ("/v1/embeddings", {"input": "hi"}, 404, None, "not_found"),
 }
 
@@ -184,11 +184,25 @@ def test_bad_request(gemma_ngram, name):
     assert_openai_error(payload, param, code)
 
 
+def test_any_model_name_gets_the_one_model(gemma_ngram):
+    """Clients written for OpenAI send their own model name; the answer names the real model."""
+    c = client(gemma_ngram)
+    r = c.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert r.model == "gemma-3-270m-q4_k_m" and r.choices[0].message.content is not None
+
+
+def test_strict_model_name_refuses_other_names(qwen3_target):
+    with start_server(qwen3_target, "--ctx", 256, "--strict-model-name") as server:
+        c = client(server)
+        with pytest.raises(openai.NotFoundError) as exc:
+            c.completions.create(model="gpt-4o-mini", prompt="hi", max_tokens=2)
+        assert exc.value.code == "model_not_found"
+        name = c.models.list().data[0].id
+        assert c.completions.create(model=name, prompt="hi", max_tokens=2).model == name
+
+
 def test_openai_client_sees_the_error_shape(gemma_ngram):
     c = client(gemma_ngram)
-    with pytest.raises(openai.NotFoundError) as exc:
-        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-    assert exc.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as exc:
         c.completions.create(model="gemma-3-270m-q4_k_m", prompt="hi", max_tokens=10**9)
     assert exc.value.code == "context_length_exceeded"

@@ -63,12 +63,14 @@ def parse_origins(value: str) -> list[str]:
               help="Require 'Authorization: Bearer KEY' on every request (also $SPECGGUF_API_KEY).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests that may wait behind the running one; more get 503 with Retry-After.")
-@click.option("--model-id", default=None, help="Model name clients send (default: the target's file name).")
+@click.option("--model-id", default=None, help="Model name the server reports (default: the target's file name).")
+@click.option("--strict-model-name", is_flag=True,
+              help="Answer 404 to a request naming another model (default: any name gets this model).")
 @click.option("--cors-origins", default="*", show_default=True,
               help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
                    "'none' sends no CORS headers.")
-def serve(host, port, api_key, max_queue, model_id, cors_origins, **opts):
+def serve(host, port, api_key, max_queue, model_id, strict_model_name, cors_origins, **opts):
     """Serve TARGET over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (got {port})")
@@ -80,6 +82,7 @@ def serve(host, port, api_key, max_queue, model_id, cors_origins, **opts):
     try:
         with open_model(**opts) as llm:
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue,
+                                    strict_model_name=strict_model_name,
                                     cors_origins=origins)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"

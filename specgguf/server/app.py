@@ -74,8 +74,12 @@ async def _json_body(request: Request) -> dict:
 
 
 def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
-               cors_origins=("*",)) -> Starlette:
+               cors_origins=("*",), strict_model_name: bool = False) -> Starlette:
     """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use).
+
+    A request may name any model: most OpenAI clients send a fixed name (`gpt-4o-mini`, or
+    whatever the app was written for), so the one model answers, under its real name, as
+    llama-server and llama-cpp-python's server do. strict_model_name: 404 for any other name.
 
     cors_origins: the browser origins allowed to call it (CORS, preflight included); "*", the
     default as in llama-cpp-python's server, allows every origin; empty: no CORS headers."""
@@ -106,8 +110,12 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
 
     async def complete(request: Request, chat: bool):
         body = await _json_body(request)
-        if body.get("model") not in (None, model_id):
-            return _unknown_model(body.get("model"))
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
+                               code="invalid_type")
+        if strict_model_name and name not in (None, model_id):
+            return _unknown_model(name)
         # Tokenizing reads the vocabulary only (llama_tokenize keeps no state in it), so it may run
         # here beside the worker's decode; the model is freed only after the server has stopped.
         req = llm.prepare(body, chat=chat)
@@ -154,16 +162,24 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     async def extras_tokenize(request: Request):
         """llama-cpp-python's POST /extras/tokenize (and /count): input -> {"tokens"} or {"count"}."""
         body = await _json_body(request)
-        if body.get("model") not in (None, model_id):
-            return _unknown_model(body.get("model"))
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
+                               code="invalid_type")
+        if strict_model_name and name not in (None, model_id):
+            return _unknown_model(name)
         tokens = llm.tokenize(_field(body, "input", str), special=True)
         return JSONResponse({"count": len(tokens)} if request.url.path.endswith("/count") else {"tokens": tokens})
 
     async def extras_detokenize(request: Request):
         """llama-cpp-python's POST /extras/detokenize: tokens -> {"text"}."""
         body = await _json_body(request)
-        if body.get("model") not in (None, model_id):
-            return _unknown_model(body.get("model"))
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
+                               code="invalid_type")
+        if strict_model_name and name not in (None, model_id):
+            return _unknown_model(name)
         tokens = _field(body, "tokens", list)
         return JSONResponse({"text": llm.detokenize(tokens).decode("utf-8", "replace")})
 
