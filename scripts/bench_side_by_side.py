@@ -104,7 +104,7 @@ def cpp_run(target, prompt, spec_type, size_m, max_tokens, threads, n_ctx=4096) 
     with tempfile.TemporaryDirectory() as d:
         pfile = cpp_baseline.write_prompt_file(Path(d) / "prompt.txt", prompt)
         args = [str(exe), "-m", str(target), "-f", str(pfile), "-n", str(max_tokens), "-c", str(n_ctx),
-                "-fit", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
+                "-fit", "off", "-fa", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
                 "-t", str(threads), "-tb", str(threads), "--spec-type", spec_type]
         if size_m is not None and spec_type == "ngram-simple":
             args += ["--spec-ngram-simple-size-m", str(size_m)]

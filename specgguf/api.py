@@ -85,7 +85,7 @@ class SpecGGUF:
                  model_path=None, draft_kind: str | None = None, draft_p_min: float = 0.0,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
-                 rpc_servers: str | list[str] | None = None, flash_attn: bool | None = None, **llama_options):
+                 rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False, **llama_options):
         """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
         270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at

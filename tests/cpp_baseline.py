@@ -188,7 +188,7 @@ def run_speculative_simple(target, draft, prompt: str, *, n_predict: int, n_ctx:
     workdir = Path(workdir or tempfile.gettempdir())
     pfile = write_prompt_file(workdir / f"prompt-{os.getpid()}.txt", prompt)
     args = [str(exe), "-m", str(target), "-f", str(pfile), "-n", str(n_predict), "-c", str(n_ctx),
-            "-fit", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
+            "-fit", "off", "-fa", "off", "-ngl", "0", "--temp", "0", "--top-k", "1", "-s", "42",
             "-t", str(threads), "-tb", str(threads)]
     if draft is not None:
         args += ["-md", str(draft), "-ngld", "0", "-td", str(threads), "-tbd", str(threads)]

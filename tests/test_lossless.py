@@ -81,3 +81,29 @@ def test_model_draft_identical_weights_accepts_everything(qwen3_target):
     with SpecGGUF(qwen3_target, draft=str(qwen3_target), draft_max=5, n_ctx=512) as llm:
         r = llm.generate("The quick brown fox", max_tokens=60)
     assert r.stats.drafted > 0 and r.stats.accepted == r.stats.drafted
+
+
+# Past 512 KV cells ggml's CPU flash attention splits a single-token decode across threads but
+# not a verify batch, so with it on greedy drafting answered otherwise than plain decoding on
+# real chats (docs/machines.md). Off by default, as in llama_cpp.Llama: then they agree.
+LONG_PROMPT = ("Log of the night shift. " + " ".join(f"Entry {i}: the pump at station {i % 7} ran for {i * 3} "
+                                                     f"minutes and reported pressure {100 + i}." for i in range(40))
+               + "\nQuestion: which station reported pressure 112? Answer:")
+
+
+def test_long_context_greedy_drafting_equals_plain_and_llama_cpp(gemma_path):
+    from llama_cpp import Llama
+
+    with SpecGGUF(gemma_path, n_ctx=2048) as plain, SpecGGUF(gemma_path, draft="ngram", draft_max=2,
+                                                             n_ctx=2048) as spec:
+        assert len(plain.tokenize(LONG_PROMPT)) > 600
+        want = plain.generate(LONG_PROMPT, max_tokens=48)
+        got = spec.generate(LONG_PROMPT, max_tokens=48)
+        assert got.stats.drafted > 0
+        assert got.tokens == want.tokens
+    ref = Llama(model_path=str(gemma_path), n_ctx=2048, verbose=False)  # Llama's own defaults
+    try:
+        text = ref.create_completion(LONG_PROMPT, max_tokens=48, temperature=0.0)["choices"][0]["text"]
+    finally:
+        ref.close()
+    assert text == want.text

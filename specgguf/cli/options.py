@@ -75,6 +75,10 @@ def model_options(f):
         click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT[,HOST:PORT]",
                      help="llama.cpp RPC servers (ggml-rpc-server) that hold the --gpu-layers target layers "
                           "(a build with RPC: specgguf build-llama --rpc)."),
+        click.option("--flash-attn", type=click.Choice(["off", "on", "auto"]), default="off", show_default=True,
+                     help="Flash attention for the target. Off, as in llama_cpp.Llama: on the CPU its single-token "
+                          "decode splits long contexts (>= 512 cells) another way than a verify batch, so greedy "
+                          "drafting would answer differently from plain decoding (docs/machines.md)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     for opt in reversed(options):
@@ -95,7 +99,7 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          rpc_servers=None, **_):
+          rpc_servers=None, flash_attn="off", **_):
     from ..api import SpecGGUF
 
     n = parse_draft_max(draft_max)
@@ -107,7 +111,7 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         draft = "ngram"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
-                    rpc_servers=rpc_servers)
+                    rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn])
 
 
 def sampling_options(f):

@@ -4,7 +4,7 @@ An app that swaps `Llama(model_path=..., n_ctx=..., ...)` for `SpecGGUF(...)` ke
 Each of Llama's constructor keywords is one of three things here:
 
 - honoured: mapped onto the target (model_path, n_ctx, n_threads, n_threads_batch, n_gpu_layers,
-  n_batch, flash_attn (None, the default here: llama.cpp's auto; Llama's default is False),
+  n_batch, flash_attn (False by default, as in Llama; None: llama.cpp's auto),
   seed: the default seed of sampled requests, verbose, last_n_tokens_size: the
   penalties' window, logits_all: accepted, logprobs work either way, chat_format=None);
 - accepted only at Llama's default value (LLAMA_DEFAULTS: llama.cpp runs with that default here,

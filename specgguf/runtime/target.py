@@ -72,14 +72,15 @@ class Target:
 
     def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = False):
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers,
                                   devices=offload_devices(rpc_servers, n_gpu_layers))
         try:
-            # flash_attn: None lets llama.cpp choose (auto); True/False force it (Llama's keyword)
+            # flash_attn: off by default, as llama_cpp.Llama has it (docs/machines.md: lossless past 512
+            # cells on the CPU); None lets llama.cpp choose (auto); True forces it on
             self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       flash_attn=None if flash_attn is None else int(flash_attn))
             self.batch = native.Batch(self.ctx)
