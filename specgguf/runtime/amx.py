@@ -32,13 +32,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .paths import cache_dir
+from .paths import cache_dir, read_json, write_json
 
 ENV = "SPECGGUF_AMX"
 MODES = ("auto", "on", "off")
 PROBE_TIMEOUT_S = 120.0  # a 1-layer model decodes in well under a second; a hang is a bad verdict
 # Measured on a 2-core Xeon (Sapphire Rapids, AMX) with the embedded Gemma 3 270M: docs/machines.md.
-FALLBACK_COST = "about the speed of a build without AMX"
+FALLBACK_COST = "measured: no slower than a build without AMX"
 FIX = ("For a build that uses AMX, build llama-cpp-python with GCC >= 13.2 or clang; with this "
        "compiler, `specgguf build-llama --cpu` (or the CMAKE_ARGS line in the README) builds one "
        "without AMX that needs no fallback")
@@ -240,20 +240,8 @@ def _key(lib: str, cpu: str) -> str | None:
 
 
 def _read_cache() -> dict:
-    try:
-        data = json.loads(cache_file().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json(cache_file())
 
 
 def _write_cache(data: dict) -> None:
-    """Best effort, atomic: a read-only home only costs a probe per process."""
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_json(cache_file(), data)

@@ -12,14 +12,13 @@ level in the user cache, so a probe runs once per install, not once per run.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from .paths import cache_dir
+from .paths import cache_dir, read_json, write_json
 
 BUILD_COMMAND = "specgguf build-llama --patched"  # building.command(); --cuda/--metal/--cpu pick the backend
 PROBE_LAYERS = (1, 2, 3, 4, 5)  # 5, as DeepSpec reads: != 3 is what the stock loader refuses
@@ -94,20 +93,8 @@ def _probe(lib: str, gemma: bool = False) -> bool | None:
 
 
 def _read_cache() -> dict:
-    try:
-        data = json.loads(cache_file().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json(cache_file())
 
 
 def _write_cache(data: dict) -> None:
-    """Best effort, atomic: a read-only home only costs a probe per process."""
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_json(cache_file(), data)
