@@ -83,7 +83,7 @@ def test_python_loads_the_tools_libraries(qwen3_target):
     the ggml CPU backend mapped into the process come from the tool's folder."""
     cpp_baseline.require_tool()
     code = (
-        "import sys; from specgguf import native\n"
+        "import sys; from specgguf.runtime import native\n"
         "m = native.Model(sys.argv[1])\n"
         "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
         "if 'libllama' in l or 'libggml' in l})))\n"

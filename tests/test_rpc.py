@@ -168,7 +168,7 @@ def test_rpc_without_gpu_layers_is_refused(servers, qwen3_target):
 
 def test_stock_build_refuses_rpc_with_the_build_command(qwen3_target):
     """The pip wheel is built without GGML_RPC: --rpc names the command that adds it."""
-    probe = subprocess.run([sys.executable, "-c", "from specgguf import native; print(native.supports_rpc())"],
+    probe = subprocess.run([sys.executable, "-c", "from specgguf.runtime import native; print(native.supports_rpc())"],
                            capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
                                                                             if k != "LLAMA_CPP_LIB_PATH"})
     if probe.stdout.strip() == "True":

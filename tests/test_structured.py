@@ -88,15 +88,15 @@ def test_schema_output_equals_plain_constrained_decoding_synthetic(qwen3_target,
 
 
 def test_schema_output_equals_llama_cpp_python(qwen3_target, qwen3_draft):
-    """llama-cpp-python's own grammar-constrained greedy decoding gives the same text. Llama runs
-    with llama.cpp's defaults here (flash attention as llama.cpp picks it, our thread count): with
-    Llama's own flash_attn=False the attention sums round differently and, on this random model,
-    a near-tie among digits (logit gap ~1e-3) can fall the other way."""
+    """llama-cpp-python's own grammar-constrained greedy decoding gives the same text. Both run
+    with flash attention off (Llama's default and now SpecGGUF's) and our thread count: with it
+    on in one and off in the other the attention sums round differently and, on this random
+    model, a near-tie among digits (logit gap ~1e-3) falls the other way."""
     from llama_cpp import Llama, LlamaGrammar
 
     from specgguf.runtime.native import default_threads
 
-    ref = Llama(model_path=str(qwen3_target), n_ctx=512, verbose=False, flash_attn=True, n_threads=default_threads())
+    ref = Llama(model_path=str(qwen3_target), n_ctx=512, verbose=False, n_threads=default_threads())  # both flash_attn off
     try:
         with SpecGGUF(qwen3_target, draft=str(qwen3_draft), n_ctx=512, draft_max=4) as llm:
             for schema in SCHEMAS[:2]:
