@@ -3,10 +3,14 @@
 Every check of user input (files, settings, draft/target pairs, checkpoints) raises
 `UserError` with a message that says what is wrong and what to do. The CLI prints it as
 `error: <message>` on stderr and exits with code 2; nothing else is printed.
+
+Both classes are `ValueError`s (what llama_cpp.Llama raises for bad arguments): an app that
+embeds the Python API catches every kind of bad input with `except ValueError`, whichever
+check refused it (`UserError` for settings and files, `RequestError` for request fields).
 """
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """Bad input from the user: one line, what is wrong and what to do.
 
     `param` names the Python argument at fault (n_ctx, max_tokens, ...): library messages
@@ -19,7 +23,7 @@ class UserError(Exception):
         self.param = param
 
 
-class RequestError(UserError, ValueError):
+class RequestError(UserError):
     """A request the server answers with an OpenAI-shaped error (status 400 unless said)."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None,
