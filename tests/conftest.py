@@ -54,6 +54,14 @@ def gemma_path():
 
 
 @pytest.fixture(scope="session")
+def chat_model_path():
+    """The default chat model: SmolLM2-135M-Instruct Q4_1 (a real instruct model, ChatML)."""
+    from specgguf.runtime.defaults import default_chat_target
+
+    return default_chat_target()
+
+
+@pytest.fixture(scope="session")
 def gemma_draft_path():
     from specgguf.runtime.defaults import requantized_default
 

@@ -109,7 +109,7 @@ def test_inspect_mismatch(gemma_path, qwen3_draft):
 
 
 def test_chat_fallback_and_commands(gemma_path):
-    proc = subprocess.run([sys.executable, "-m", "specgguf", "chat", "--draft", "ngram", "-n", "16"],
+    proc = subprocess.run([sys.executable, "-m", "specgguf", "chat", str(gemma_path), "--draft", "ngram", "-n", "16"],
                           input="Hello there\n/stats\n/reset\n/exit\n", capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -114,11 +114,12 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
 @click.option("--system", default=None, help="A system message.")
 @click.option("--max-tokens", "-n", type=int, default=512, show_default=True)
 def chat(system, max_tokens, **opts):
-    """Chat with TARGET in the terminal: /stats, /reset, /exit; Ctrl-C stops an answer."""
+    """Chat with TARGET (default: the embedded SmolLM2-135M-Instruct) in the terminal: /stats,
+    /reset, /exit; Ctrl-C stops an answer."""
     from .repl import run_repl
 
     sampling = sampling_from(opts)
-    with open_model(**opts) as llm:
+    with open_model(**opts, chat=True) as llm:
         run_repl(llm, system=system, max_tokens=max_tokens, sampling=sampling)
 
 

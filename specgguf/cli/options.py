@@ -99,7 +99,9 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          rpc_servers=None, flash_attn="off", **_):
+          rpc_servers=None, flash_attn="off", chat=False, **_):
+    """A SpecGGUF from the command's options. chat: with no TARGET, start the default chat
+    model (an instruct model) rather than the API's default (the Gemma base model)."""
     from ..api import SpecGGUF
 
     n = parse_draft_max(draft_max)
@@ -109,6 +111,10 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         raise UserError(f"--draft-kind {draft_kind} needs a --draft GGUF")
     if draft is None and draft_kind == "ngram":
         draft = "ngram"
+    if target is None and chat:
+        from ..runtime.defaults import default_chat_target
+
+        target = default_chat_target()
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
                     rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn])

@@ -71,7 +71,8 @@ def parse_origins(value: str) -> list[str]:
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
                    "'none' sends no CORS headers.")
 def serve(host, port, api_key, max_queue, model_id, strict_model_name, cors_origins, **opts):
-    """Serve TARGET over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    """Serve TARGET (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP
+    API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (got {port})")
     if max_queue < 1:
@@ -80,7 +81,7 @@ def serve(host, port, api_key, max_queue, model_id, strict_model_name, cors_orig
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
-        with open_model(**opts) as llm:
+        with open_model(**opts, chat=True) as llm:
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue,
                                     strict_model_name=strict_model_name,
                                     cors_origins=origins)
