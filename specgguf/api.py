@@ -85,7 +85,8 @@ class SpecGGUF:
                  model_path=None, draft_kind: str | None = None, draft_p_min: float = 0.0,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
-                 rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False, **llama_options):
+                 rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False,
+                 prompt_cache_bytes: int = 0, **llama_options):
         """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
         270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
@@ -93,12 +94,17 @@ class SpecGGUF:
         refused otherwise (ValueError naming the argument; TypeError for unknown names).
         See specgguf/openai/llamaargs.py for the list.
         rpc_servers: 'HOST:PORT[,HOST:PORT...]' of llama.cpp RPC servers (`ggml-rpc-server`) that
-        hold the n_gpu_layers offloaded target layers; needs a GGML_RPC build (README: Scale-out)."""
+        hold the n_gpu_layers offloaded target layers; needs a GGML_RPC build (README: Scale-out).
+        prompt_cache_bytes: the prompt cache beyond the live context: up to this many bytes of
+        saved cache states, so that prompts which alternate (two documents, one system prompt
+        for many users) are not re-read (0: only the live context, which every call reuses:
+        a prompt that shares a prefix with the last call's prompt and output reads only the rest)."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
                                                   last_n_tokens_size, logits_all, flash_attn)
         llamaargs.check_extra(llama_options)
+        llamaargs.whole("prompt_cache_bytes", prompt_cache_bytes, 0)
         if draft is None and draft_kind == "ngram":
             draft = "ngram"
         native.set_verbose(verbose)
@@ -123,6 +129,7 @@ class SpecGGUF:
             if isinstance(exc, UserError):
                 raise llamaargs.as_value_error(exc) from None
             raise
+        self.set_cache_bytes(prompt_cache_bytes)
         self.verbose, self.penalty_last_n = verbose, last_n_tokens_size
         self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
@@ -170,22 +177,82 @@ class SpecGGUF:
         return out
 
     def reset(self) -> None:
-        """Forget the context's contents (every generation starts from an empty cache anyway)."""
+        """Forget the context's contents: the next generation reads its whole prompt (saved
+        states of the prompt cache stay; `set_cache(None)` drops them)."""
         self._check_open()
         self.target.acquire(self)  # waits for another thread's generation; refuses an unfinished one
         try:
             self.target.ctx.clear()
+            self.target.kept = None
+            if self.drafter is not None:
+                self.drafter.kept = None
         finally:
             self.target.release()
 
+    # -- the prompt cache (decoding/promptcache.py) -----------------------------------------
+    def set_cache_bytes(self, capacity_bytes: int) -> None:
+        """Keep up to `capacity_bytes` of saved cache states beyond the live context (0: none)."""
+        from .decoding.promptcache import StateCache
+
+        self._check_open()
+        capacity_bytes = llamaargs.whole("capacity_bytes", capacity_bytes, 0)
+        self.target.saved_states = StateCache(capacity_bytes) if capacity_bytes else None
+
+    def set_cache(self, cache) -> None:
+        """llama_cpp.Llama.set_cache: a `llama_cpp.LlamaRAMCache` (its capacity_bytes is used) or
+        None. A disk cache is not offered: SpecGGUF keeps its saved states in memory."""
+        if cache is None:
+            self.set_cache_bytes(0)
+            return
+        capacity = getattr(cache, "capacity_bytes", None)
+        if type(cache).__name__ != "LlamaRAMCache" or capacity is None:
+            raise params.RequestError(f"set_cache takes a llama_cpp.LlamaRAMCache or None (got "
+                                      f"{type(cache).__name__}); SpecGGUF keeps saved states in memory only",
+                                      param="cache", code="invalid_type")
+        self.set_cache_bytes(int(capacity))
+
     def save_state(self):
-        raise NotImplementedError("SpecGGUF.save_state is not supported: every generation re-reads its prompt "
-                                  "into an empty cache (the draft's state too), so there is no state to keep "
-                                  "between calls")
+        """The caches' state after the last generation (a `promptcache.SavedState`), for
+        `load_state`; as llama_cpp.Llama.save_state."""
+        from .decoding.promptcache import SavedState
+
+        self._check_open()
+        target, drafter = self.target, self.drafter
+        target.acquire(self)
+        try:
+            tokens = target.kept or []
+            draft = drafter.save() if drafter is not None and drafter.kept == tokens else None
+            return SavedState(tuple(tokens), target.ctx.state_bytes() if tokens else b"", drafter, draft)
+        finally:
+            target.release()
 
     def load_state(self, state) -> None:
-        raise NotImplementedError("SpecGGUF.load_state is not supported: every generation re-reads its prompt "
-                                  "into an empty cache (the draft's state too), so there is no state to restore")
+        """Put back a state from `save_state` of this instance; the next prompt that shares its
+        tokens reads only the rest."""
+        from .decoding.promptcache import SavedState
+
+        self._check_open()
+        if not isinstance(state, SavedState):
+            raise params.RequestError(f"load_state takes a state from SpecGGUF.save_state (got {type(state).__name__})",
+                                      param="state", code="invalid_type")
+        target, drafter = self.target, self.drafter
+        target.acquire(self)
+        try:
+            target.kept = None
+            if drafter is not None:
+                drafter.kept = None
+            if not state.tokens:
+                target.ctx.clear()
+                return
+            target.ctx.load_state_bytes(state.target)
+            target.kept = list(state.tokens)
+            if drafter is not None:
+                if state.drafter is drafter and state.draft is not None and drafter.restore(state.draft):
+                    drafter.kept = list(state.tokens)
+                else:
+                    drafter.reset()
+        finally:
+            target.release()
 
     # -- prompts ---------------------------------------------------------------------------
     def tokenize(self, text: "bytes | str", add_bos: bool = True, special: bool = False) -> list[int]:

@@ -90,6 +90,7 @@ def target_probs(llm, prompt, prefix, sampling):
 
     ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
     ctx.clear()
+    llm.target.kept = None  # used directly: the prompt cache must not trust the context
     batch.clear().add_tokens(prompt + list(prefix), 0, "last")
     ctx.decode(batch)
     p = Sampler(sampling).probs(ctx.logits(len(prompt) + len(prefix) - 1))

@@ -186,6 +186,7 @@ def _score_gap(llm, prompt, prefix, a, b, sp):
     """|score(a) - score(b)| at the position after prompt + prefix, from one-token decoding."""
     ctx, batch = llm.target.ctx, llm.target.batch
     ctx.clear()
+    llm.target.kept = None  # used directly: the prompt cache must not trust the context
     batch.clear().add_tokens(prompt[:-1], 0, "none")
     ctx.decode(batch)
     for pos, tok in enumerate([prompt[-1], *prefix], start=len(prompt) - 1):

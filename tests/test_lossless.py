@@ -38,7 +38,9 @@ def _gap(llm: SpecGGUF, prompt: list[int], generated: list[int], plain_tok: int,
         batch.clear().add_token(tok, pos, True)
         ctx.decode(batch)
     logits = ctx.logits(0)
-    return float(logits[plain_tok] - logits[spec_tok])
+    gap = float(logits[plain_tok] - logits[spec_tok])
+    llm.reset()  # the context was used directly: the prompt cache must not trust it
+    return gap
 
 
 def check_lossless(target, draft, prompts, draft_max=4, n_ctx=1024):

@@ -66,22 +66,29 @@ def parse_origins(value: str) -> list[str]:
 @click.option("--model-id", default=None, help="Model name the server reports (default: the target's file name).")
 @click.option("--strict-model-name", is_flag=True,
               help="Answer 404 to a request naming another model (default: any name gets this model).")
+@click.option("--cache-ram", type=int, default=2048, show_default=True, metavar="MIB",
+              help="Prompt cache beyond the live context: up to MIB of saved cache states, so that "
+                   "clients alternating between long prompts (documents, system prompts) are not "
+                   "re-read (0: keep only the live context, which every request reuses).")
 @click.option("--cors-origins", default="*", show_default=True,
               help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
                    "'none' sends no CORS headers.")
-def serve(host, port, api_key, max_queue, model_id, strict_model_name, cors_origins, **opts):
+def serve(host, port, api_key, max_queue, model_id, strict_model_name, cache_ram, cors_origins, **opts):
     """Serve TARGET (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP
     API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (got {port})")
     if max_queue < 1:
         raise UserError(f"--max-queue must be at least 1 (got {max_queue})")
+    if not 0 <= cache_ram <= 1 << 30:
+        raise UserError(f"--cache-ram must be a number of MiB >= 0 (got {cache_ram})")
     origins = parse_origins(cors_origins)
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
         with open_model(**opts, chat=True) as llm:
+            llm.set_cache_bytes(cache_ram << 20)
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue,
                                     strict_model_name=strict_model_name,
                                     cors_origins=origins)

@@ -18,6 +18,7 @@ import time
 from typing import Iterator
 
 from ..errors import UserError
+from .promptcache import common_prefix
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
 from .verify import coupled as accept_coupled, greedy as accept_greedy, ratio as accept_ratio
@@ -30,6 +31,10 @@ AUTO_MAX = 8  # the longest draft `auto` considers for token-by-token drafters
 # rows after the first rejection are never scanned
 ROW_SCAN = 1 << 16
 HIDDEN_KINDS = ("eagle3", "dflash", "dspark")  # read the target's layer inputs: their own verify curve
+# the prompt cache keeps a common prefix from this length on: a shorter one costs next to
+# nothing to read again, and reading it afresh splits the prompt into batches exactly as a
+# new instance does (on quantised CPU targets the split can move the last bits, §6.4)
+MIN_REUSE = 32
 
 
 def greedy_ids(ctx, draft, is_eog) -> list[int]:
@@ -130,6 +135,8 @@ class Generation:
             self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
+        # the tokens every cache holds, consistently (None in the middle of a change)
+        self._synced: list[int] | None = None
         # on_verified(ctx, ids): called once a round with the committed ids; row i of the target's
         # logits is the one ids[i] was chosen from (logprobs.py reads them there)
         self.on_verified = None
@@ -150,30 +157,97 @@ class Generation:
             self.finish_reason = reason
         self._it.close()
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> bool:
+        """Put the prompt minus its last token into the caches, reading only what the last
+        generation (or a saved state) did not leave there; False: cancelled."""
         target, drafter, prompt = self.engine.target, self.engine.drafter, self.prompt
         ctx, batch = target.ctx, target.batch
-        ctx.clear()
-        if drafter is not None:
-            if drafter.supports_lazy:
-                # auto: no draft catch-up in rounds that do not draft (model kind); fixed
-                # lengths keep llama.cpp's eager order, bit for bit
-                drafter.lazy = self.engine.lengths is not None
-            drafter.reset()
+        if drafter is not None and drafter.supports_lazy:
+            # auto: no draft catch-up in rounds that do not draft (model kind); fixed
+            # lengths keep llama.cpp's eager order, bit for bit
+            drafter.lazy = self.engine.lengths is not None
         t0 = time.perf_counter()
         body = prompt[:-1]
-        for start in range(0, len(body), ctx.n_batch):
+        n_cached = self._reuse(body)
+        self.stats.cached_tokens = n_cached
+        self._synced = body[:n_cached]
+        for start in range(n_cached, len(body), ctx.n_batch):
             if self.cancelled():
                 return False
             chunk = body[start:start + ctx.n_batch]
             batch.clear().add_tokens(chunk, start, "none")
+            self._synced = None  # until the chunk is in every cache
             ctx.decode(batch)
             if drafter is not None:
                 drafter.process(chunk, start)
+            self._synced = body[:start + len(chunk)]
         if drafter is not None:
             drafter.begin(body)
         self.stats.prefill_s = time.perf_counter() - t0
         return True
+
+    def _reuse(self, body: list[int]) -> int:
+        """Keep the longest common prefix of `body` with what the caches hold (or with a saved
+        state, when that shares more), trim the rest, and return how many tokens are kept.
+        The drafter keeps what it can (Drafter.resume); one that reads the target's passes
+        holds the target back to what it kept, any other catches up on its own."""
+        target, drafter = self.engine.target, self.engine.drafter
+        ctx = target.ctx
+        if target.kept is not None and ctx.pos_max() + 1 != len(target.kept):
+            target.kept = None  # the context was used behind the engine's back: trust nothing
+        n = common_prefix(target.kept, body)
+        if n < MIN_REUSE:
+            n = 0
+        states = target.saved_states
+        if states is not None:
+            saved, n_saved = states.best(body)
+            if saved is not None and n_saved > n:
+                self._restore(saved)
+                n = n_saved
+        target.kept = None  # until the caches are consistent again (_run)
+        n_draft = 0
+        if drafter is not None:
+            kept, drafter.kept = drafter.kept, None
+            n_draft = drafter.resume(min(common_prefix(kept, body), n))
+            if drafter.reads_target:
+                n = min(n, n_draft)
+        if n > 0 and not (ctx.can_resume_at(n) and ctx.try_seq_rm(n)):
+            n = 0  # a sliding-window or recurrent cache that cannot go back that far
+        if n == 0:
+            ctx.clear()
+        if drafter is not None:
+            if n_draft > n:
+                n_draft = drafter.resume(n)
+            if n_draft < n:  # a draft model's own cache catches up without the target
+                drafter.process(body[n_draft:n], n_draft)
+        return n
+
+    def _restore(self, saved) -> None:
+        """Load a saved state into the target (and the drafter, when it saved it)."""
+        target, drafter = self.engine.target, self.engine.drafter
+        target.kept = None
+        target.ctx.load_state_bytes(saved.target)
+        target.kept = list(saved.tokens)
+        if drafter is not None:
+            drafter.kept = None
+            if saved.drafter is drafter and saved.draft is not None and drafter.restore(saved.draft):
+                drafter.kept = list(saved.tokens)
+
+    def _save(self, tokens: list[int]) -> None:
+        """Save the caches' state for a later prompt that shares these tokens (StateCache)."""
+        from .promptcache import SavedState
+        from ..errors import LlamaError
+
+        target, drafter = self.engine.target, self.engine.drafter
+        states = target.saved_states
+        if states is None or not states.wants(tokens):
+            return
+        try:
+            state = SavedState(tuple(tokens), target.ctx.state_bytes(), drafter,
+                               drafter.save() if drafter is not None else None)
+        except LlamaError:
+            return  # the cache is an optimisation: a state llama.cpp cannot copy is not kept
+        states.put(state)
 
     def _draft(self, history, id_last: int, pos0: int, n_max: int):
         """(draft tokens, their q vectors or None = point masses), cut to this round's cap."""
@@ -221,7 +295,7 @@ class Generation:
         return ids
 
     def _run(self) -> Iterator[int]:
-        target = self.engine.target
+        target, drafter = self.engine.target, self.engine.drafter
         target.acquire(self)
         try:
             if self.grammar is not None:
@@ -230,9 +304,22 @@ class Generation:
                 self.constraint = Constraint(target.model, self.grammar)
             yield from self._rounds()
         finally:
-            if self.constraint is not None:
-                self.constraint.close()
-            target.release()
+            try:
+                # what the caches hold for the next generation (None: unknown, start afresh)
+                synced = self._synced
+                if synced is not None and not target.ctx.closed:
+                    target.kept = list(synced)
+                    if drafter is not None:
+                        drafter.kept = list(synced)
+                    self._save(synced)
+                else:
+                    target.kept = None
+                    if drafter is not None:
+                        drafter.kept = None
+            finally:
+                if self.constraint is not None:
+                    self.constraint.close()
+                target.release()
 
     def _rounds(self) -> Iterator[int]:
         engine, stats = self.engine, self.stats
@@ -246,6 +333,7 @@ class Generation:
             self.finish_reason = "cancelled"
             return
         history = self.prompt[:-1]  # tokens in the target's KV cache
+        self._synced = history
         id_last, pos0 = self.prompt[-1], len(self.prompt) - 1
         t_start = clock()
         try:
@@ -262,6 +350,7 @@ class Generation:
                     return
                 # draft: as llama-speculative-simple, cap by the context and the token budget
                 t0 = clock()
+                self._synced = None  # the round changes the caches until its bookkeeping is done
                 conf = None
                 if lengths is not None:
                     lengths.costs = engine.profile.costs_for(pos0)
@@ -319,6 +408,7 @@ class Generation:
                     lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2),
                                    None if ctx.cold else t2 - t1, conf, own_conf)
                 history.extend(verify[:k + 1])
+                self._synced = history
                 id_last, pos0 = ids[-1], pos0 + k + 1
                 for tok in ids:
                     if model.is_eog(tok):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the caches already held (the prompt cache): not read again
     generated_tokens: int = 0
     rounds: int = 0  # target verify passes (plain decoding: one per token)
     drafted: int = 0
@@ -57,6 +58,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "rounds": self.rounds,
             "drafted": self.drafted,
@@ -81,5 +83,6 @@ class GenerationStats:
         if self.drafted:
             line += (f", {self.accepted}/{self.drafted} drafts accepted ({100 * self.acceptance_rate:.0f}%), "
                      f"tau {self.tau:.2f}")
-        line += f"; prompt {self.prompt_tokens} tokens in {self.prefill_s:.2f} s"
+        cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
+        line += f"; prompt {self.prompt_tokens} tokens{cached} in {self.prefill_s:.2f} s"
         return line + (f"; seed {self.seed}" if self.seed is not None else "")

@@ -3,7 +3,10 @@ drafter can do from these attributes instead of probing for them.
 
 Per generation and per round the engine calls (docs/loop.md):
 
-    reset()                           a new generation starts: forget all state
+    resume(n) -> m                    a new generation starts whose first n prompt tokens
+                                      this drafter's state already covers (the prompt cache,
+                                      docs/loop.md §7): keep the state of the first m <= n
+                                      positions, forget the rest; m = 0 is reset()
     begin(history)                    once, after the prompt is in the target
     process(tokens, pos0)             after EVERY target decode, with the same tokens
     draft(history, id_last, pos0, n, sampler=None)
@@ -70,6 +73,12 @@ class Drafter:
     lookup: bool = False
     # the engine's LengthController in auto mode, else None (set by the engine)
     chooser = None
+    # the state is built from the target's own passes (layer inputs, hidden states), so the
+    # target must decode again whatever the drafter cannot keep (the prompt cache)
+    reads_target: bool = False
+    # the prompt tokens whose state the drafter holds since its last generation (set by the
+    # engine; None: unknown, so the next generation starts from scratch)
+    kept: list | None = None
 
     @property
     def profile_id(self) -> str:
@@ -82,6 +91,22 @@ class Drafter:
 
     def reset(self) -> None:
         pass
+
+    def resume(self, n: int) -> int:
+        """Keep the state of the first n positions if the kind can (see the module doc);
+        the default keeps nothing."""
+        self.reset()
+        return 0
+
+    def save(self):
+        """The drafter's state as an object `restore` takes back (the prompt cache's saved
+        states), or None when the kind cannot save it."""
+        return None
+
+    def restore(self, state) -> bool:
+        """Put back a state from `save`; False: it could not, and the drafter was reset."""
+        self.reset()
+        return False
 
     def begin(self, history: Sequence[int]) -> None:
         pass

@@ -38,6 +38,22 @@ class Eagle3Drafter(HiddenStateDrafter):
         super().reset()
         self._reset_state()
 
+    def resume(self, n: int) -> int:
+        # the cell at P is built from the token at P+1, the first one the new prompt may
+        # change: keep the cells before n - 1, and the target re-decodes n - 1 (whose g it gives)
+        kept = super().resume(n - 1) if n > 1 else super().resume(0)
+        self._reset_state()
+        return kept
+
+    def save(self):
+        return super().save(), self.pending_pos, self.pending_g.copy()
+
+    def restore(self, state) -> bool:
+        super().restore(state[0])
+        self._reset_state()
+        self.pending_pos, self.pending_g = state[1], state[2].copy()
+        return True
+
     def _encode(self, feats: np.ndarray) -> np.ndarray:
         """g rows for feature rows, in chunks of n_ubatch (the encoder ignores positions, but
         llama.cpp still wants them to continue the draft's cache)."""

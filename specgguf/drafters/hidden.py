@@ -44,8 +44,25 @@ class HiddenStateDrafter(Drafter):
         return (f"{self.kind} draft {self.info.path.name} reading target layers {self.layer_ids}"
                 f"{' (own head)' if self.info.has_tensor('output.weight') else ' (target head)'}")
 
+    reads_target = True  # features come from the target's passes
+
     def reset(self) -> None:
         self.ctx.clear()
+
+    def resume(self, n: int) -> int:
+        # the cell at position p was written from the target's features at p alone
+        if n <= 0 or not self.ctx.can_resume_at(n):
+            self.reset()
+            return 0
+        self.ctx.seq_rm(n)
+        return n
+
+    def save(self):
+        return self.ctx.state_bytes()
+
+    def restore(self, state) -> bool:
+        self.ctx.load_state_bytes(state)
+        return True
 
     def rollback(self, pos: int) -> None:
         self.ctx.seq_rm(pos)

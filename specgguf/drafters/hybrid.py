@@ -51,6 +51,21 @@ class HybridDrafter(Drafter):
         self.suffix.reset()
         self.model.reset()
 
+    @property
+    def reads_target(self) -> bool:
+        return self.model.reads_target
+
+    def resume(self, n: int) -> int:
+        self.suffix.resume(n)
+        return self.model.resume(n)
+
+    def save(self):
+        return self.model.save()
+
+    def restore(self, state) -> bool:
+        self.suffix.restore(())
+        return self.model.restore(state)
+
     def begin(self, history) -> None:
         self.suffix.begin(history)
         self.model.begin(history)

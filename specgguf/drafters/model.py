@@ -44,6 +44,26 @@ class ModelDrafter(Drafter):
         self._pending: list[tuple[int, int]] = []  # (token, position) not yet in the draft cache
         self._kv_end = 0  # one past the highest position in the draft's cache
 
+    def resume(self, n: int) -> int:
+        # the cache holds the committed tokens up to the first queued one (lazy mode)
+        in_cache = min(n, self.ctx.pos_max() + 1)
+        if n <= 0 or not self.ctx.can_resume_at(in_cache):
+            self.reset()
+            return 0
+        self.rollback(n)
+        self._catch_up()  # a queue left by lazy mode goes in first, in order
+        return min(n, self.ctx.pos_max() + 1)
+
+    def save(self):
+        self._catch_up()
+        return self.ctx.state_bytes(), self._kv_end
+
+    def restore(self, state) -> bool:
+        self._pending = []
+        self.ctx.load_state_bytes(state[0])
+        self._kv_end = state[1]
+        return True
+
     def process(self, tokens, pos0: int) -> None:
         if self.lazy:
             self._pending.extend((t, pos0 + i) for i, t in enumerate(tokens))

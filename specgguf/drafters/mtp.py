@@ -51,6 +51,20 @@ class MTPDrafter(Drafter):
         self.pending = np.zeros(self.width, dtype=np.float32)
         self.rows = self.pending[None, :]
 
+    reads_target = True  # the state is the target's hidden state at the last position
+
+    def resume(self, n: int) -> int:
+        # the assistant keeps no cells: the target re-decodes position n - 1 for its state
+        self.reset()
+        return max(n - 1, 0)
+
+    def save(self):
+        return ()
+
+    def restore(self, state) -> bool:
+        self.reset()
+        return True
+
     def process(self, tokens, pos0: int) -> None:
         self.rows = self.target.ctx.embeddings_nextn(len(tokens), self.width).copy()
         self.pending = self.rows[-1]

@@ -58,6 +58,17 @@ class NgramDrafter(Drafter):
     def reset(self) -> None:
         self._seq, self._index, self._ways = [], {}, {}
 
+    def resume(self, n: int) -> int:
+        self.reset()
+        return n  # the index is rebuilt from the history by begin()
+
+    def save(self):
+        return ()  # nothing beyond the history
+
+    def restore(self, state) -> bool:
+        self.reset()
+        return True
+
     def begin(self, history) -> None:
         self.reset()
         self._extend(history)

@@ -193,6 +193,17 @@ class SuffixDrafter(Drafter):
     def reset(self) -> None:
         self._flush()
 
+    def resume(self, n: int) -> int:
+        self.reset()
+        return n  # the text is rebuilt from the history by begin(); the shared store stays
+
+    def save(self):
+        return ()
+
+    def restore(self, state) -> bool:
+        self.reset()
+        return True
+
     def begin(self, history) -> None:
         old = self.text.toks
         if self.text.base == 0 and old and len(history) >= len(old) and history[:len(old)] == old:

@@ -34,9 +34,11 @@ class Shaper:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     @staticmethod
-    def usage(n_prompt: int, n_completion: int) -> dict:
+    def usage(n_prompt: int, n_completion: int, n_cached: int = 0) -> dict:
+        """OpenAI's usage; prompt_tokens_details.cached_tokens: the prompt tokens the prompt
+        cache already held (decoding/promptcache.py), read again by no pass."""
         return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion}
+                "total_tokens": n_prompt + n_completion, "prompt_tokens_details": {"cached_tokens": n_cached}}
 
     def choice(self, index: int, text: str, finish_reason: str, logprobs: dict | None = None,
                tool_calls: list[dict] | None = None) -> dict:
@@ -50,7 +52,7 @@ class Shaper:
     def full(self, choices: list[dict], n_prompt: int, n_completion: int, stats: dict) -> dict:
         out = self._head("chat.completion" if self.chat else "text_completion")
         out["choices"] = choices
-        out["usage"] = self.usage(n_prompt, n_completion)
+        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
         out["specgguf"] = stats
         return out
 
@@ -73,7 +75,7 @@ class Shaper:
     def last(self, finish_reason: str, n_prompt: int, n_completion: int, stats: dict, index: int = 0) -> dict:
         """The last choice's finishing chunk, with the usage and stats (no include_usage)."""
         out = self.finish(finish_reason, index)
-        out["usage"] = self.usage(n_prompt, n_completion)
+        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
         out["specgguf"] = stats
         return out
 
@@ -81,7 +83,7 @@ class Shaper:
         """OpenAI's separate final chunk for stream_options.include_usage: no choices, the usage."""
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         out["choices"] = []
-        out["usage"] = self.usage(n_prompt, n_completion)
+        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
         out["specgguf"] = stats
         return out
 
@@ -108,7 +110,8 @@ def stats_dict(all_stats: list[GenerationStats]) -> dict:
     """The `specgguf` field: one generation's stats, or the n choices' added up."""
     if len(all_stats) == 1:
         return all_stats[0].to_dict()
-    m = GenerationStats(prompt_tokens=all_stats[0].prompt_tokens)
+    # the request's prompt is read once for the first choice; the others find it cached
+    m = GenerationStats(prompt_tokens=all_stats[0].prompt_tokens, cached_tokens=all_stats[0].cached_tokens)
     for s in all_stats:
         m.generated_tokens += s.generated_tokens
         for drafted, accepted in s.rounds_detail:

@@ -191,6 +191,7 @@ class Model(_Owned):
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_embd = C.llama_model_n_embd(ptr)
         self.n_layer = C.llama_model_n_layer(ptr)
+        self.n_swa = max(0, C.llama_model_n_swa(ptr))  # sliding-window width (0: every layer sees all)
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
@@ -394,8 +395,45 @@ class Context(_Owned):
         if not C.llama_memory_seq_rm(self.mem, 0, p0, p1):
             raise LlamaError(f"could not remove KV cells from position {p0}")
 
+    def try_seq_rm(self, p0: int) -> bool:
+        """Remove the cells at positions >= p0; False where the cache cannot (a recurrent
+        state, which keeps no per-position cells), leaving it to the caller to clear."""
+        return bool(C.llama_memory_seq_rm(self.mem, 0, p0, -1))
+
     def pos_max(self) -> int:
         return C.llama_memory_seq_pos_max(self.mem, 0)
+
+    def pos_min(self) -> int:
+        """The oldest position the cache still holds (-1: empty); a sliding-window cache
+        forgets cells that fell out of the window."""
+        return C.llama_memory_seq_pos_min(self.mem, 0)
+
+    def can_resume_at(self, n: int) -> bool:
+        """Whether the cache still holds what a decode at position n reads after the cells
+        from n on are removed: every cell when the model attends to all of them, the last
+        n_swa before n when its layers slide a window (llama-server's own check)."""
+        if n <= 0:
+            return True
+        pos_min = self.pos_min()
+        return 0 <= pos_min <= max(0, n - self.model.n_swa)
+
+    # -- saved states (the prompt cache beyond the live context) -----------------------
+    def state_bytes(self) -> bytes:
+        """Sequence 0's cells (KV or recurrent state) as one byte string."""
+        size = C.llama_state_seq_get_size(self.ptr, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        if n != size:
+            raise LlamaError(f"llama.cpp wrote {n} of {size} state bytes")
+        return bytes(buf)
+
+    def load_state_bytes(self, data: bytes) -> None:
+        """Replace sequence 0's cells by `data` from `state_bytes` of a context on the same model."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if C.llama_state_seq_set_data(self.ptr, buf, len(data), 0) != len(data):
+            self.clear()
+            raise LlamaError("llama.cpp could not restore a saved state (context too small?)")
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)

@@ -100,6 +100,10 @@ class Target:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self.active = None  # the generation holding the lock, if any
+        # the prompt cache (decoding/promptcache.py): the tokens the KV cache holds since the
+        # last generation (None: unknown, cleared before the next), and saved states, if any
+        self.kept: list[int] | None = None
+        self.saved_states = None
 
     def acquire(self, generation) -> None:
         """Hold the context for `generation`: wait while another thread's generation runs;
