@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .openai import constraints, llamaargs, params, responses
-from .runtime import native
+from .runtime import hub, native
 from .openai.chat import ChatFormat
 from .drafters import make_drafter
 from .decoding.engine import Engine
@@ -73,8 +73,9 @@ class Request:
 class SpecGGUF:
     """Speculative generation with a GGUF target and an optional draft.
 
-    target: path of the target GGUF (None: the embedded Gemma 3 270M default).
-    draft: None (plain decoding), "ngram" (prompt lookup) or a path to a draft GGUF; the kind of
+    target: path of the target GGUF (None: the embedded Gemma 3 270M default), or a Hugging Face
+    id, org/repo[@REV][:QUANT] or org/repo/file.gguf (runtime/hub.py; HF_HUB_OFFLINE=1: the cache only).
+    draft: None (plain decoding), "ngram" (prompt lookup) or a path or Hub id of a draft GGUF; the kind of
     a GGUF draft (model, eagle3, dflash, dspark) is read from the file.
     Greedy output equals the target's own greedy output; the draft only changes the speed.
     Not thread-safe: one generation at a time (the server queues requests for that reason).
@@ -113,6 +114,7 @@ class SpecGGUF:
 
             target = default_target()
         try:
+            target = hub.resolve(target, what="target")
             self.target = Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                  rpc_servers=rpc_servers, flash_attn=flash_attn)
         except UserError as exc:  # a bad argument or file: a ValueError, as Llama raises
@@ -121,7 +123,7 @@ class SpecGGUF:
             if n_threads_batch is not None:
                 self.target.ctx.set_threads(self.target.n_threads, n_threads_batch)
             if draft is not None:
-                self.drafter = make_drafter(str(draft), self.target, kind=draft_kind, draft_max=draft_max,
+                self.drafter = make_drafter(str(hub.resolve_draft(draft)), self.target, kind=draft_kind, draft_max=draft_max,
                                             n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
             self.engine = Engine(self.target, self.drafter, draft_max)
         except BaseException as exc:
@@ -134,6 +136,20 @@ class SpecGGUF:
         self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
         self._plain: Engine | None = None
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft: str | None = None,
+                        additional_files: list[str] | None = None, local_dir=None, cache_dir=None,
+                        **kwargs) -> "SpecGGUF":
+        """llama_cpp.Llama.from_pretrained, offline-capable: the target from Hugging Face repo
+        `repo_id` ('org/repo' or 'org/repo@REV'), `filename` a glob over its files (None: the
+        Q4_K_M GGUF, or the repo's only one), `additional_files` globs fetched beside it; `draft`
+        as for SpecGGUF (a path, 'ngram', or a Hub id, fetched into the same cache_dir). With
+        HF_HUB_OFFLINE=1 only the local cache is read (Llama lists the repo online first, and
+        fails). Other keywords go to SpecGGUF()."""
+        path = hub.from_pretrained(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
+                                   cache_dir=cache_dir)
+        return cls(path, draft=hub.resolve_draft(draft, cache_dir=cache_dir), **kwargs)
 
     # -- llama_cpp.Llama's model methods -----------------------------------------------------
     def n_ctx(self) -> int:

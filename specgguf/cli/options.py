@@ -53,9 +53,12 @@ def _draft_spec(ctx, param, values):
 def model_options(f):
     options = [
         click.argument("target", required=False),
+        click.option("--offline", is_flag=True,
+                     help="Hugging Face ids (TARGET or --draft as org/repo[@REV][:QUANT] or org/repo/FILE.gguf) "
+                          "from the local cache only, never the network (also HF_HUB_OFFLINE=1)."),
         click.option("--draft", "-d", multiple=True, callback=_draft_spec,
-                     help="A draft GGUF (same tokenizer as the target), 'ngram' (prompt lookup) or 'suffix' "
-                          "(lookup in the text and in earlier outputs); give 'suffix' and a GGUF (--draft "
+                     help="A draft GGUF (a path or a Hugging Face id; same tokenizer as the target), 'ngram' "
+                          "(prompt lookup) or 'suffix' (lookup in the text and in earlier outputs); give 'suffix' and a GGUF (--draft "
                           "suffix --draft D.gguf) to use each where it pays. Omit for plain decoding."),
         click.option("--draft-max", default="auto", show_default=True,
                      help="Tokens drafted per round: a number, or auto (chosen each round from costs "
@@ -99,7 +102,7 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          rpc_servers=None, flash_attn="off", chat=False, **_):
+          rpc_servers=None, flash_attn="off", chat=False, offline=False, **_):
     """A SpecGGUF from the command's options. chat: with no TARGET, start the default chat
     model (an instruct model) rather than the API's default (the Gemma base model)."""
     from ..api import SpecGGUF
@@ -115,6 +118,10 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         from ..runtime.defaults import default_chat_target
 
         target = default_chat_target()
+    from ..runtime import hub  # Hub ids here, so that --offline reaches them
+
+    target = hub.resolve(target, what="target", offline=offline or None)
+    draft = hub.resolve_draft(draft, offline=offline or None)
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
                     rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn])
