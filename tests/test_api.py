@@ -8,6 +8,7 @@ from llama_cpp import llama_types
 
 import specgguf
 from specgguf import Chunk, RequestError, Result, SpecGGUF
+from specgguf.decoding.engine import MIN_REUSE
 
 PROMPT = "The quick brown fox"
 
@@ -56,7 +57,8 @@ def test_create_completion_has_llama_shapes(llm):
     assert out["object"] == "text_completion"
     assert _required(llama_types.CompletionChoice) <= set(out["choices"][0])
     assert out["usage"] == {"prompt_tokens": len(llm.tokenize(PROMPT)), "completion_tokens": 12,
-                            "total_tokens": len(llm.tokenize(PROMPT)) + 12}
+                            "total_tokens": len(llm.tokenize(PROMPT)) + 12,
+                            "prompt_tokens_details": {"cached_tokens": out["specgguf"]["cached_tokens"]}}
     assert out["specgguf"]["generated_tokens"] == 12
     assert out["choices"][0]["text"] == llm.generate(PROMPT, max_tokens=12).text
     chunks = list(llm.create_completion(PROMPT, max_tokens=12, stream=True))
@@ -78,7 +80,13 @@ def test_create_chat_completion_has_llama_shapes(llm):
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == out["choices"][0]["message"]["content"]
-    assert chunks[-1]["usage"] == out["usage"] and chunks[-1]["specgguf"]["rounds"] >= 1
+    usage = chunks[-1]["usage"]
+    assert {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == \
+        {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    # the same prompt again: everything but its last token comes from the prompt cache
+    if out["usage"]["prompt_tokens"] > MIN_REUSE:
+        assert usage["prompt_tokens_details"]["cached_tokens"] == out["usage"]["prompt_tokens"] - 1
+    assert chunks[-1]["specgguf"]["rounds"] >= 1
 
 
 def test_stop_strings(llm):

@@ -50,13 +50,15 @@ def pair(gemma_path):
 
 def same_shape(ours, theirs, path="response"):
     """Every key Llama returns is there, with a value of the same JSON kind, recursively; ours
-    may add `specgguf` (and `usage` on a stream's last chunk), nothing else."""
+    may add `specgguf` (and `usage` on a stream's last chunk), and OpenAI's
+    usage.prompt_tokens_details, nothing else."""
     if isinstance(theirs, dict) and path.endswith("top_logprobs[]"):  # {token text: logprob}: keys are data
         assert isinstance(ours, dict) and all(isinstance(k, str) and isinstance(v, float) for k, v in ours.items())
     elif isinstance(theirs, dict):
         assert isinstance(ours, dict), path
         assert set(theirs) <= set(ours), (path, set(theirs) - set(ours))
-        assert set(ours) - set(theirs) <= {"specgguf", "usage"}, (path, set(ours) - set(theirs))
+        # usage may carry OpenAI's prompt_tokens_details (cached tokens), which Llama omits
+        assert set(ours) - set(theirs) <= {"specgguf", "usage", "prompt_tokens_details"}, (path, set(ours) - set(theirs))
         for k in theirs:
             if theirs[k] is not None and ours[k] is not None:
                 same_shape(ours[k], theirs[k], f"{path}.{k}")
@@ -97,7 +99,7 @@ def test_completion_texts_and_shapes(pair, prompt):
     ours = spec.create_completion(prompt, max_tokens=N)
     same_shape(ours, theirs)
     assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
-    assert ours["usage"] == theirs["usage"]
+    assert {k: ours["usage"][k] for k in theirs["usage"]} == theirs["usage"]
     chunks = list(spec.create_completion(prompt, max_tokens=N, stream=True))
     ref_chunks = list(fresh(llama).create_completion(prompt, max_tokens=N, stream=True, **GREEDY))
     for c in chunks:
