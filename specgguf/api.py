@@ -75,7 +75,8 @@ class SpecGGUF:
 
     target: path of the target GGUF (None: the embedded Gemma 3 270M default), or a Hugging Face
     id, org/repo[@REV][:QUANT] or org/repo/file.gguf (runtime/hub.py; HF_HUB_OFFLINE=1: the cache only).
-    draft: None (plain decoding), "ngram" (prompt lookup) or a path or Hub id of a draft GGUF; the kind of
+    draft: None (plain decoding), "ngram" (prompt lookup) or a path or Hub id of a draft GGUF (a
+    DeepSpec or EAGLE-3 checkpoint repo is converted for the target once, cached); the kind of
     a GGUF draft (model, eagle3, dflash, dspark) is read from the file.
     Greedy output equals the target's own greedy output; the draft only changes the speed.
     Not thread-safe: one generation at a time (the server queues requests for that reason).
@@ -123,7 +124,9 @@ class SpecGGUF:
             if n_threads_batch is not None:
                 self.target.ctx.set_threads(self.target.n_threads, n_threads_batch)
             if draft is not None:
-                self.drafter = make_drafter(str(hub.resolve_draft(draft)), self.target, kind=draft_kind, draft_max=draft_max,
+                from .converters.hubdraft import resolve_draft  # a checkpoint repo: converted once, cached
+
+                self.drafter = make_drafter(str(resolve_draft(draft, target)), self.target, kind=draft_kind, draft_max=draft_max,
                                             n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
             self.engine = Engine(self.target, self.drafter, draft_max)
         except BaseException as exc:
@@ -144,12 +147,15 @@ class SpecGGUF:
         """llama_cpp.Llama.from_pretrained, offline-capable: the target from Hugging Face repo
         `repo_id` ('org/repo' or 'org/repo@REV'), `filename` a glob over its files (None: the
         Q4_K_M GGUF, or the repo's only one), `additional_files` globs fetched beside it; `draft`
-        as for SpecGGUF (a path, 'ngram', or a Hub id, fetched into the same cache_dir). With
+        as for SpecGGUF (a path, 'ngram', or a Hub id, fetched into the same cache_dir; a DeepSpec
+        or EAGLE-3 checkpoint repo is converted for this target once, then reused). With
         HF_HUB_OFFLINE=1 only the local cache is read (Llama lists the repo online first, and
         fails). Other keywords go to SpecGGUF()."""
         path = hub.from_pretrained(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
                                    cache_dir=cache_dir)
-        return cls(path, draft=hub.resolve_draft(draft, cache_dir=cache_dir), **kwargs)
+        from .converters.hubdraft import resolve_draft
+
+        return cls(path, draft=resolve_draft(draft, path, cache_dir=cache_dir), **kwargs)
 
     # -- llama_cpp.Llama's model methods -----------------------------------------------------
     def n_ctx(self) -> int:

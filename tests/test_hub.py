@@ -148,3 +148,43 @@ def test_from_pretrained_offline(hf_home, gemma_path, no_network):
         SpecGGUF.from_pretrained(REPO, "*Q6_K*")
     with pytest.raises(ValueError, match="matches 2 GGUFs"):
         SpecGGUF.from_pretrained(REPO, "*.gguf")
+
+
+# -- a draft checkpoint repo (converters/hubdraft.py) -------------------------------------------
+
+def test_a_checkpoint_repo_converts_once_and_is_reused(tmp_path, monkeypatch, capfd, no_network):
+    import time
+
+    import checkpoint_fixtures as F
+
+    spec = F.TargetSpec()
+    target = F.make_target_gguf(tmp_path / "target.gguf", spec)
+    ck = F.make_dspark_checkpoint(tmp_path / "ck", spec, markov_rank=32, conf=True)
+    root = tmp_path / "hf"
+    lay_out(root, "org/dspark-tiny", {p.name: p for p in Path(ck).iterdir()})
+    monkeypatch.setenv("HF_HOME", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "specgguf-cache"))
+    prompt = "hello world, the draft token model"
+    with SpecGGUF(target, n_ctx=256) as llm:
+        plain = llm.generate(prompt, max_tokens=24).tokens
+    runs = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with SpecGGUF(target, draft="org/dspark-tiny", n_ctx=256, draft_max=5) as llm:
+            ready = time.perf_counter() - t0
+            assert llm.drafter.kind == "dspark"
+            r = llm.generate(prompt, max_tokens=24)
+        assert r.tokens == plain and r.stats.drafted > 0
+        drafts = list((tmp_path / "specgguf-cache" / "drafts").glob("*.gguf"))
+        runs.append((capfd.readouterr().err, ready, [(d.name, d.stat().st_mtime_ns) for d in drafts]))
+    (first_err, first_s, first_files), (second_err, second_s, second_files) = runs
+    assert "converting org/dspark-tiny" in first_err and "converting" not in second_err
+    assert len(first_files) == 1 and second_files == first_files  # the same file, not rewritten
+    assert first_files[0][0].startswith(f"org--dspark-tiny-{COMMIT[:12]}-")
+    print(f"draft ready: converted {first_s:.2f} s, reused {second_s:.2f} s")
+    # another target file is another conversion (the cache key holds the target's fingerprint)
+    other = F.make_target_gguf(tmp_path / "other.gguf", F.TargetSpec(seed=7))
+    with SpecGGUF(other, draft="suffix+org/dspark-tiny", n_ctx=256, draft_max=5) as llm:
+        assert llm.drafter.kind == "suffix+dspark"
+    assert len(list((tmp_path / "specgguf-cache" / "drafts").glob("*.gguf"))) == 2

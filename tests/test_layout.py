@@ -96,7 +96,8 @@ LAYERS = {
     "specgguf.drafters": {"specgguf.runtime", "specgguf.decoding"},
     "specgguf.inspection": {"specgguf.runtime", "specgguf.drafters"},
     "specgguf.openai": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters"},
-    "specgguf.api": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters", "specgguf.openai"},
+    "specgguf.api": {"specgguf.runtime", "specgguf.converters", "specgguf.decoding", "specgguf.drafters",
+                     "specgguf.openai"},
 }
 
 

@@ -118,10 +118,10 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         from ..runtime.defaults import default_chat_target
 
         target = default_chat_target()
-    from ..runtime import hub  # Hub ids here, so that --offline reaches them
+    if offline:  # read by runtime/hub.py when SpecGGUF resolves Hub ids (the target's, the draft's)
+        import os
 
-    target = hub.resolve(target, what="target", offline=offline or None)
-    draft = hub.resolve_draft(draft, offline=offline or None)
+        os.environ["HF_HUB_OFFLINE"] = "1"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
                     rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn])
