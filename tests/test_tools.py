@@ -225,7 +225,7 @@ def test_tool_history_reaches_the_template(tool_target):
     ({"tools": [WEATHER, WEATHER]}, "tools[1]"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}], "tool_choice": "required"},
-     "tools"),
+     "tools[0].function.parameters"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tools"),
     ({"functions": [WEATHER["function"]]}, "functions"),
 ])

@@ -18,6 +18,8 @@ Where grammars come from (JSON schemas, `response_format`, tools) is the request
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import RequestError
@@ -25,13 +27,24 @@ from ..runtime import native
 
 TOP_K = 64  # greedy's second try: candidates at or above the TOP_K-th largest logit
 
+# native.Grammar points the process's stderr (fd 2) at a file while llama.cpp parses, to catch
+# the parser's complaint; two threads doing that at once could leave stderr pointing at the
+# other's file for good. The server compiles on its request threads and its worker: one at a time.
+_COMPILING = threading.Lock()
+
+
+def compile_gbnf(model: native.Model, gbnf: str) -> native.Grammar:
+    """llama.cpp's grammar for `gbnf` on `model`'s vocabulary (one compilation at a time)."""
+    with _COMPILING:
+        return native.Grammar(model, gbnf)
+
 
 class Constraint:
     """The grammar state of one generation: after every token emitted so far."""
 
     def __init__(self, model: native.Model, gbnf: str):
         self.model = model
-        self.grammar = native.Grammar(model, gbnf)
+        self.grammar = compile_gbnf(model, gbnf)
         self.cut_tokens = 0  # drafted tokens dropped before verification
         self.full_scans = 0  # verified positions that needed the whole vocabulary
 

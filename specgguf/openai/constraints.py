@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 
 from ..errors import RequestError
+from ..decoding import grammar as grammar_state
 from ..runtime import native
+from . import grammarlimits
 
 # llama-cpp-python's JSON grammar; its `char` rule lets raw control characters into strings,
 # which JSON forbids (json.loads refuses them), so the schema grammar's `char` is tightened to
@@ -28,24 +30,46 @@ def json_grammar() -> str:
 
 
 def schema_grammar(schema, param: str) -> str:
-    """GBNF for a JSON schema (a dict, or its JSON text), by llama-cpp-python's converter."""
+    """GBNF for a JSON schema (a dict, or its JSON text), by llama-cpp-python's converter, after
+    the schema is checked against the bounds of grammarlimits.py (too large: refused)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     if isinstance(schema, str):
+        if len(schema) > grammarlimits.MAX_SCHEMA_CHARS:
+            raise RequestError(f"'{param}' is {len(schema)} characters of JSON; the limit is "
+                               f"{grammarlimits.MAX_SCHEMA_CHARS}", param=param, code="schema_too_large")
         try:
             schema = json.loads(schema)
+        except RecursionError:
+            raise RequestError(f"'{param}' nests too deeply (the limit is {grammarlimits.MAX_DEPTH} levels)",
+                               param=param, code="schema_too_large") from None
         except ValueError as exc:
             raise RequestError(f"'{param}' is not valid JSON: {exc}", param=param, code="invalid_value") from None
     if not isinstance(schema, dict):
         raise RequestError(f"'{param}' must be a JSON schema object (got {type(schema).__name__})", param=param,
                            code="invalid_type")
-    _refuse_unenforced(schema, param, "")
+    text = schema_text(schema, param)
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_to_gbnf(text)
     except Exception as exc:  # the converter raises ValueError, KeyError, TypeError, ... on bad schemas
         raise RequestError(f"'{param}' is not a JSON schema llama-cpp-python can turn into a grammar: "
                            f"{type(exc).__name__}: {exc}"[:400], param=param, code="invalid_value") from None
-    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    grammarlimits.check_gbnf(gbnf, param)
+    return gbnf
+
+
+def schema_text(schema: dict, param: str) -> str:
+    """`schema` checked (bounds, contradictions, unenforced keywords) and as JSON text."""
+    grammarlimits.check_schema(schema, param, UNENFORCED)
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value (a set, NaN is fine)
+        raise RequestError(f"'{param}' is not JSON: {exc}"[:300], param=param, code="invalid_value") from None
+    if len(text) > grammarlimits.MAX_SCHEMA_CHARS:
+        raise RequestError(f"'{param}' is {len(text)} characters of JSON; the limit is "
+                           f"{grammarlimits.MAX_SCHEMA_CHARS}", param=param, code="schema_too_large")
+    return text
 
 
 # Validation keywords llama-cpp-python's converter (0.3.36) passes over without enforcing them:
@@ -54,27 +78,6 @@ def schema_grammar(schema, param: str) -> str:
 UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then",
               "else", "uniqueItems", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
               "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-
-
-def _refuse_unenforced(schema, param: str, where: str) -> None:
-    if not isinstance(schema, dict):
-        return
-    for key in UNENFORCED:
-        if key in schema:
-            raise RequestError(f"'{param}' uses '{key}'{' at ' + where if where else ''}, which llama-cpp-python's "
-                               "schema-to-grammar converter does not enforce: remove it (or express it with "
-                               "enum, pattern, maxLength or maxItems)", param=param, code="unsupported_schema")
-    for key in _SUBSCHEMA_LISTS:
-        for i, sub in enumerate(schema.get(key) or ()):
-            _refuse_unenforced(sub, param, f"{where}/{key}/{i}")
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                _refuse_unenforced(sub, param, f"{where}/{key}/{name}")
-    for key in ("items", "additionalProperties"):
-        _refuse_unenforced(schema.get(key), param, f"{where}/{key}")
 
 
 def grammar_text(grammar, param: str = "grammar") -> str:
@@ -86,6 +89,7 @@ def grammar_text(grammar, param: str = "grammar") -> str:
     if not text.strip():
         raise RequestError(f"'{param}' is empty: give a GBNF grammar with a 'root' rule", param=param,
                            code="invalid_value")
+    grammarlimits.check_gbnf(text, param)
     return text
 
 
@@ -128,7 +132,7 @@ def request_grammar(values: dict) -> str | None:
 def check(model: native.Model, gbnf: str) -> None:
     """Refuse a grammar llama.cpp cannot parse now, before the request is queued."""
     try:
-        native.Grammar(model, gbnf).close()
+        grammar_state.compile_gbnf(model, gbnf).close()
     except RequestError:
         raise
     except Exception as exc:

@@ -25,9 +25,11 @@ import re
 import uuid
 
 from ..errors import RequestError
+from . import grammarlimits
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MAX_TOOLS = 128  # OpenAI's limit on functions in one request
 
 
 def check_tools(value) -> list[dict]:
@@ -35,7 +37,10 @@ def check_tools(value) -> list[dict]:
     if not isinstance(value, list):
         raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {...}}", param="tools",
                            code="invalid_type")
-    out, names = [], set()
+    if len(value) > MAX_TOOLS:
+        raise RequestError(f"'tools' has {len(value)} functions; the limit is {MAX_TOOLS}", param="tools",
+                           code="invalid_value")
+    out, names, chars = [], set(), 0
     for i, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
@@ -53,6 +58,14 @@ def check_tools(value) -> list[dict]:
         if not isinstance(params, dict):
             raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
                                param=f"tools[{i}].function.parameters", code="invalid_type")
+        # checked (and converted once) whatever tool_choice says: a schema that 'required' would
+        # refuse is refused under 'auto' and 'none' too, not only once a call is forced
+        from .constraints import schema_grammar
+
+        chars += len(schema_grammar(params, f"tools[{i}].function.parameters"))
+        if chars > grammarlimits.MAX_GBNF_CHARS:
+            raise RequestError(f"the grammars of 'tools' add up to over {grammarlimits.MAX_GBNF_CHARS} characters, "
+                               "the limit: send fewer or smaller functions", param="tools", code="grammar_too_large")
         desc = fn.get("description")
         if desc is not None and not isinstance(desc, str):
             raise RequestError(f"tools[{i}].function.description must be a string",
@@ -86,8 +99,8 @@ def check_choice(value, tools: list[dict]):
 class ToolSet:
     """The tools of one chat request: how they reach the prompt, and how calls come back."""
 
-    def __init__(self, tools: list[dict], choice: str, template: str | None, arch: str):
-        self.tools, self.choice = tools, choice
+    def __init__(self, tools: list[dict], choice: str, template: str | None, arch: str, parallel: bool = True):
+        self.tools, self.choice, self.parallel = tools, choice, parallel
         self.in_template = bool(template) and "tools" in template
         if self.in_template or not arch.startswith("gemma"):
             self.format = "hermes"
@@ -99,9 +112,13 @@ class ToolSet:
         if values.get("functions") is not None or values.get("function_call") is not None:
             raise RequestError("'functions' / 'function_call' (OpenAI's deprecated form) are not supported: "
                                "send 'tools' and 'tool_choice'", param="functions", code="unsupported_parameter")
+        parallel = values.get("parallel_tool_calls")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise RequestError(f"'parallel_tool_calls' must be true or false (got {type(parallel).__name__} "
+                               f"{parallel!r})"[:200], param="parallel_tool_calls", code="invalid_type")
         tools = check_tools(values["tools"]) if values.get("tools") is not None else []
         choice = check_choice(values.get("tool_choice"), tools)
-        return cls(tools, choice, template, arch) if tools else None
+        return cls(tools, choice, template, arch, parallel is not False) if tools else None
 
     @property
     def parses(self) -> bool:
@@ -156,11 +173,9 @@ class ToolSet:
             return None
         from llama_cpp.llama_grammar import SchemaConverter
 
-        from .constraints import _JSON_CHAR, _LOOSE_CHAR, _refuse_unenforced
+        from .constraints import _JSON_CHAR, _LOOSE_CHAR
 
         fns = [t["function"] for t in self.tools if self.choice == "required" or t["function"]["name"] == self.choice]
-        for f in fns:
-            _refuse_unenforced(f["parameters"], "tools", f"{f['name']}.parameters")
         conv = SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False,
                                raw_pattern=False)
         try:
@@ -177,7 +192,9 @@ class ToolSet:
             raise RequestError(f"the parameters of a function in 'tools' are not a JSON schema llama-cpp-python "
                                f"can turn into a grammar: {type(exc).__name__}: {exc}"[:400], param="tools",
                                code="invalid_value") from None
-        return conv.format_grammar().replace(_LOOSE_CHAR, _JSON_CHAR)
+        gbnf = conv.format_grammar().replace(_LOOSE_CHAR, _JSON_CHAR)
+        grammarlimits.check_gbnf(gbnf, "tools")
+        return gbnf
 
     @staticmethod
     def _gemma_call(conv, fn: dict) -> str:
@@ -202,6 +219,8 @@ class ToolSet:
         if found is None:
             return text, []
         content, calls = found
+        if not self.parallel:  # parallel_tool_calls: false, as OpenAI: at most one call per answer
+            calls = calls[:1]
         return (content or None), [openai_call(name, args) for name, args in calls]
 
     def stream(self, pieces):
@@ -242,15 +261,17 @@ class ToolSet:
                     yield block
                     continue
                 for name, args in found[1]:
-                    yield call_deltas(index, openai_call(name, args))
-                    index += 1
+                    if self.parallel or index == 0:
+                        yield call_deltas(index, openai_call(name, args))
+                        index += 1
         if held:
             content, calls = self.parse(held)
             if content:
                 yield content
             for call in calls:
-                yield call_deltas(index, call)
-                index += 1
+                if self.parallel or index == 0:
+                    yield call_deltas(index, call)
+                    index += 1
 
 
 def openai_call(name: str, args) -> dict:
