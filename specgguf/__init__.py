@@ -8,8 +8,9 @@ Public names (everything else is internal and may change):
 - `Result`: what `SpecGGUF.generate()` returns (text, tokens, finish_reason, stats).
 - `Chunk`: one piece of `SpecGGUF.stream()`; the last carries finish_reason, tokens, stats.
 - `GenerationStats`: rounds, drafted/accepted counts, tau, timings; `to_dict()` is the JSON.
-- `UserError`: bad input, with a one-line message saying what to do.
-- `RequestError`: a refused request (a `UserError` and a `ValueError`) with OpenAI's
+- `UserError`: bad input, with a one-line message saying what to do; a `ValueError`, so
+  `except ValueError` catches every kind of bad input.
+- `RequestError`: a refused request (a `UserError`, so a `ValueError` too) with OpenAI's
   error fields; `to_dict()` is OpenAI's error body.
 
 The names load lazily, so that `import specgguf.converters` does not load llama.cpp.

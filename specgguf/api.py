@@ -106,6 +106,7 @@ class SpecGGUF:
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
                                                   last_n_tokens_size, logits_all, flash_attn)
         llamaargs.check_extra(llama_options)
+        llamaargs.check_resources(n_ctx, n_threads, n_threads_batch, n_batch)
         llamaargs.whole("prompt_cache_bytes", prompt_cache_bytes, 0)
         if draft is None and draft_kind == "ngram":
             draft = "ngram"

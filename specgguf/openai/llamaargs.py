@@ -101,6 +101,25 @@ def check_extra(options: dict) -> None:
         raise TypeError(f"SpecGGUF() got an unexpected keyword argument {name!r}")
 
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: past it llama.cpp aborts (GGML_ASSERT, or std::bad_alloc)
+MAX_BATCH = 1 << 20  # n_batch: llama.cpp uses min(n_batch, n_ctx), held in a uint32
+MAX_CTX = 1 << 24  # n_ctx: 16M tokens, beyond any model's trained context (checked against it too)
+
+
+def check_resources(n_ctx, n_threads, n_threads_batch, n_batch) -> None:
+    """Upper bounds on what llama.cpp allocates per unit (threads, batch, context): a value
+    past them aborts the process inside llama.cpp instead of raising, so it is refused here
+    (the lower bounds and the trained context are checked where the target loads)."""
+    for name, value, limit in (("n_threads", n_threads, MAX_THREADS), ("n_threads_batch", n_threads_batch,
+                                                                        MAX_THREADS),
+                               ("n_batch", n_batch, MAX_BATCH), ("n_ctx", n_ctx, MAX_CTX)):
+        if value is None:
+            continue
+        whole(name, value, 0 if name == "n_ctx" else 1)
+        if value > limit:
+            raise RequestError(f"{name} must be at most {limit} (got {value})", param=name, code="invalid_value")
+
+
 def check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min, n_threads_batch, n_batch, seed,
                verbose, chat_format, last_n_tokens_size, logits_all, flash_attn):
     """Check the named constructor arguments (n_ctx, n_threads and n_gpu_layers are the target's

@@ -9,16 +9,29 @@ same OpenAI error `param`/`code`) whichever way it came in. `RequestError` is a 
 from __future__ import annotations
 
 import json
+import math
 
 from ..errors import RequestError, UserError
+
+FLOAT32_MAX = 3.4028234663852886e38  # logits are float32: a larger number becomes inf (and NaN after)
+
+
+def finite32(value) -> bool:
+    """A number that float32 holds without overflowing (NaN and +-inf are not)."""
+    try:
+        return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 # name -> (accepted Python types, check, what the check means). Defaults are those of
 # `specgguf.decoding.sampling.SamplingParams` (greedy), not OpenAI's temperature 1.0: greedy output
 # is the target's own, token for token, which is what speculative decoding promises.
 _NUM = (int, float)
+MIN_TEMPERATURE = 1e-3  # with |logit_bias| <= MAX_BIAS (1e6), logits / T stay under 1e9
 SAMPLING_FIELDS = {
-    "temperature": (_NUM, lambda v: v >= 0, "a number >= 0"),
+    # 0 is greedy; below 1e-3 the sampler's logits / T leave float32's precision (1e-30 overflowed)
+    "temperature": (_NUM, lambda v: v == 0 or v >= MIN_TEMPERATURE, "0 (greedy) or a number >= 0.001"),
     "top_k": ((int,), lambda v: v >= 0, "a whole number >= 0"),
     "top_p": (_NUM, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (_NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
@@ -45,6 +58,9 @@ def sampling_fields(values: dict) -> dict:
         if value is None:
             continue
         _typed(name, value, types, meaning)
+        if name != "seed" and not finite32(value):  # inf passes `v >= 0`; 1e39 is inf in float32
+            raise RequestError(f"'{name}' must be {meaning}, finite in float32 (|x| <= 3.4e38; got "
+                               f"{value!r})"[:300], param=name, code="invalid_value")
         if not ok(value):
             raise RequestError(f"'{name}' must be {meaning} (got {value!r})", param=name, code="invalid_value")
         if name == "seed" and value in (-1, 0xFFFFFFFF):  # Llama's "random seed" values
@@ -62,19 +78,32 @@ def sampling_params(fields: dict):
         return None
     try:
         return SamplingParams(**fields)
-    except (TypeError, ValueError, UserError) as exc:
-        raise RequestError(str(exc), param=None, code="invalid_value") from None
+    except (TypeError, ValueError, UserError) as exc:  # the field SamplingParams names, as the checks above
+        raise RequestError(str(exc), param=getattr(exc, "param", None), code="invalid_value") from None
+
+
+MAX_STOP = 64  # stop strings per request (OpenAI allows 4; every one is matched after every token)
+MAX_STOP_CHARS = 4096  # characters in one stop string
 
 
 def stop_strings(value, extra=()) -> list[str]:
-    """OpenAI's `stop`: None, a string or a list of strings (llama.cpp accepts any count)."""
+    """OpenAI's `stop`: None, a string or a list of strings (at most MAX_STOP, each at most
+    MAX_STOP_CHARS characters)."""
     if value is None:
         value = []
     elif isinstance(value, str):
         value = [value]
+    if isinstance(value, tuple):
+        value = list(value)
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise RequestError("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(value) > MAX_STOP:
+        raise RequestError(f"'stop' has {len(value)} strings; the limit is {MAX_STOP}", param="stop",
+                           code="invalid_value")
     for s in value:
+        if len(s) > MAX_STOP_CHARS:
+            raise RequestError(f"a 'stop' string has {len(s)} characters; the limit is {MAX_STOP_CHARS}",
+                               param="stop", code="invalid_value")
         text_value(s, "stop")
     return [s for s in [*value, *extra] if s]
 
@@ -129,6 +158,12 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 def prompt_value(value):
     """`prompt` of a text completion: a string, or a list of token ids (one prompt only)."""
+    if not isinstance(value, (str, list, type(None))):  # a numpy array, bytes, a tuple, a number ...
+        kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+        hint = ": pass prompt.tolist()" if hasattr(value, "tolist") else (
+            ": decode it to str first" if isinstance(value, (bytes, bytearray)) else "")
+        raise RequestError(f"'prompt' must be a string or a list of token ids (got {kind}){hint}",
+                           param="prompt", code="invalid_type")
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # a batch of one, as some clients send it
     if isinstance(value, str) and value:
@@ -246,9 +281,12 @@ CHAT_KEYS = {"messages", "functions", "function_call", "tools", "tool_choice", "
              "min_p", "typical_p", "stream", "stop", "seed", "response_format", "max_tokens", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model",
              "logits_processor", "grammar", "logit_bias", "logprobs", "top_logprobs", "n", "stream_options",
-             "max_completion_tokens"}
+             "max_completion_tokens", "parallel_tool_calls"}
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+MAX_LOGIT_BIAS = 1 << 16  # entries of logit_bias (OpenAI allows 300; a 262k vocabulary may want more bans)
+MAX_BIAS = 1e6  # |bias| beyond -inf: logits are ~±30, so ±1e6 already forces or bans a token; larger
+# values only move float32 arithmetic toward overflow (bias / temperature)
 MAX_N = 128  # OpenAI's limit for n
 
 
@@ -280,18 +318,26 @@ def logit_bias_value(value, n_vocab: int) -> tuple:
     if not isinstance(value, dict):
         raise RequestError("'logit_bias' must be an object mapping token ids to numbers", param="logit_bias",
                            code="invalid_type")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise RequestError(f"'logit_bias' has {len(value)} entries; the limit is {MAX_LOGIT_BIAS}",
+                           param="logit_bias", code="invalid_value")
     out = {}
     for key, bias in value.items():
         tok = key
-        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        if isinstance(key, str) and key.isascii() and key.strip().lstrip("-").isdigit():  # not int("१")
             tok = int(key)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
             raise RequestError(f"'logit_bias' key {key!r} is not a token id in [0, {n_vocab})", param="logit_bias",
                                code="invalid_value")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
-            raise RequestError(f"'logit_bias' value for token {tok} must be a finite number or -inf (got {bias!r})",
-                               param="logit_bias", code="invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or (
+                bias != float("-inf") and not (finite32(bias) and abs(bias) <= MAX_BIAS)):
+            raise RequestError(f"'logit_bias' value for token {tok} must be a number in [-{MAX_BIAS:g}, "
+                               f"{MAX_BIAS:g}] or -inf to ban it (got {bias!r})"[:300], param="logit_bias",
+                               code="invalid_value")
         out[tok] = float(bias)
+    if len(out) >= n_vocab and all(b == float("-inf") for b in out.values()):
+        raise RequestError(f"'logit_bias' bans every token of the vocabulary ({n_vocab}): nothing could be "
+                           "generated; leave some token allowed", param="logit_bias", code="invalid_value")
     return tuple(sorted(out.items()))
 
 
