@@ -266,7 +266,12 @@ class Model(_Owned):
             n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             raise LlamaError(f"tokenization failed ({n})")
-        return list(buf[:n])
+        # in slices: one list() of millions of ids holds the GIL for a fifth of a second, and the
+        # server's event loop (its /health) waits that long; between slices other threads run
+        out: list[int] = []
+        for i in range(0, n, 1 << 16):
+            out += buf[i:min(n, i + (1 << 16))]
+        return out
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
         buf = self._piece_buf

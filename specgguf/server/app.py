@@ -27,6 +27,8 @@ from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 
 MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
+MAX_NESTING = 128  # JSON levels in a body: a schema may nest 32 subschemas (openai/grammarlimits.py)
+PREPARE_TIMEOUT = 60.0  # seconds a request's preparation may take before the client gets a 503
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None,
@@ -64,13 +66,41 @@ async def _json_body(request: Request) -> dict:
     except ClientDisconnect:  # nobody will read the answer; end the request quietly
         raise RequestError("the client closed the request while sending it", status=499,
                            code="cancelled") from None
+    # a large body: parsed and measured on a thread (json's C parser holds the GIL, ~2 ms per MiB,
+    # but walking a big body for its depth is a Python loop the event loop must not wait for)
+    return _parse(data) if len(data) < 65536 else await asyncio.to_thread(_parse, bytes(data))
+
+
+def _parse(data: bytes) -> dict:
     try:
         body = json.loads(data)
+    except RecursionError:
+        raise RequestError(f"the request body nests JSON more than {MAX_NESTING} levels deep, the limit",
+                           code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise RequestError(f"the request body is not valid JSON: {exc}"[:300], code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", code="invalid_json")
+    if _nesting(body) > MAX_NESTING:
+        raise RequestError(f"the request body nests JSON more than {MAX_NESTING} levels deep, the limit",
+                           code="invalid_json")
     return body
+
+
+def _nesting(value) -> int:
+    """How deep lists and objects nest in a parsed JSON value (without recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            return deepest
+        todo.extend((x, depth + 1) for x in v)
+    return deepest
 
 
 def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
@@ -85,6 +115,17 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     default as in llama-cpp-python's server, allows every origin; empty: no CORS headers."""
     model_id = model_id or llm.model_name
     scheduler = Scheduler(max_waiting)
+    # Checking a request (schema to grammar, grammar compilation), rendering its template and
+    # tokenizing it read the model's vocabulary only, so they run beside the worker's decode, on
+    # the scheduler's helper threads: the event loop keeps answering /health and the other clients.
+    # (llama_tokenize keeps no state in the vocabulary; the model is freed after scheduler.close().)
+    async def off_loop(fn, *args, **kwargs):
+        future = asyncio.get_running_loop().run_in_executor(scheduler.helpers, lambda: fn(*args, **kwargs))
+        try:
+            return await asyncio.wait_for(future, PREPARE_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise RequestError(f"preparing the request took over {PREPARE_TIMEOUT:.0f} s; retry later or send a "
+                               "smaller one", status=503, kind="server_error", code="timeout") from None
     metrics = Metrics()
     created = int(time.time())
     draft = llm.drafter.describe() if llm.drafter is not None else None
@@ -116,9 +157,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
                                code="invalid_type")
         if strict_model_name and name not in (None, model_id):
             return _unknown_model(name)
-        # Tokenizing reads the vocabulary only (llama_tokenize keeps no state in it), so it may run
-        # here beside the worker's decode; the model is freed only after the server has stopped.
-        req = llm.prepare(body, chat=chat)
+        req = await off_loop(llm.prepare, body, chat=chat)
         req.model = model_id
         if req.stream:
             job = scheduler.submit(lambda cancelled: llm.response_chunks(req, cancelled))
@@ -140,7 +179,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     async def chat_completions(request: Request):
         return await complete(request, chat=True)
 
-    # Tokenizing reads the vocabulary only: it runs here, beside the worker (see complete()).
+    # Tokenizing reads the vocabulary only: it runs beside the worker, off the loop (see off_loop).
     async def tokenize(request: Request):
         """llama-server's POST /tokenize: content, add_special (false), parse_special (true),
         with_pieces (false) -> {"tokens": [ids, or {"id", "piece"} with with_pieces]}."""
@@ -148,16 +187,21 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         text = _field(body, "content", str)
         add_special = _field(body, "add_special", bool, False)
         parse_special = _field(body, "parse_special", bool, True)
-        tokens = llm.tokenize(text, add_bos=add_special, special=parse_special)
-        if _field(body, "with_pieces", bool, False):
-            tokens = [{"id": t, "piece": _piece(llm.detokenize([t]))} for t in tokens]
-        return JSONResponse({"tokens": tokens})
+        with_pieces = _field(body, "with_pieces", bool, False)
+
+        def work():
+            tokens = llm.tokenize(text, add_bos=add_special, special=parse_special)
+            if with_pieces:
+                tokens = [{"id": t, "piece": _piece(llm.detokenize([t]))} for t in tokens]
+            return _list_json("tokens", tokens)
+        return _json_bytes(await off_loop(work))
 
     async def detokenize(request: Request):
         """llama-server's POST /detokenize: tokens -> {"content"}."""
         body = await _json_body(request)
         tokens = _field(body, "tokens", list)
-        return JSONResponse({"content": llm.detokenize(tokens).decode("utf-8", "replace")})
+        text = await off_loop(lambda: llm.detokenize(tokens).decode("utf-8", "replace"))
+        return JSONResponse({"content": text})
 
     async def extras_tokenize(request: Request):
         """llama-cpp-python's POST /extras/tokenize (and /count): input -> {"tokens"} or {"count"}."""
@@ -168,8 +212,12 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
                                code="invalid_type")
         if strict_model_name and name not in (None, model_id):
             return _unknown_model(name)
-        tokens = llm.tokenize(_field(body, "input", str), special=True)
-        return JSONResponse({"count": len(tokens)} if request.url.path.endswith("/count") else {"tokens": tokens})
+        text, count = _field(body, "input", str), request.url.path.endswith("/count")
+
+        def work():
+            tokens = llm.tokenize(text, special=True)
+            return json.dumps({"count": len(tokens)}).encode() if count else _list_json("tokens", tokens)
+        return _json_bytes(await off_loop(work))
 
     async def extras_detokenize(request: Request):
         """llama-cpp-python's POST /extras/detokenize: tokens -> {"text"}."""
@@ -181,7 +229,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         if strict_model_name and name not in (None, model_id):
             return _unknown_model(name)
         tokens = _field(body, "tokens", list)
-        return JSONResponse({"text": llm.detokenize(tokens).decode("utf-8", "replace")})
+        text = await off_loop(lambda: llm.detokenize(tokens).decode("utf-8", "replace"))
+        return JSONResponse({"text": text})
 
     async def metrics_text(request: Request):
         return PlainTextResponse(metrics.render(scheduler.status()),
@@ -201,7 +250,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
     handlers = {RequestError: _request_error, UserError: _user_error, QueueFull: _queue_full, HTTPException: _http_error,
-                Exception: _internal_error}
+                RecursionError: _too_deep, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
     if api_key:
         app.add_middleware(_ApiKey, key=api_key)
@@ -222,6 +271,19 @@ def _field(body: dict, name: str, kind: type, default=None):
         raise RequestError(f"'{name}' must be a {dict(str='string', bool='boolean', list='list').get(kind.__name__)}",
                            param=name, code="invalid_type")
     return value
+
+
+def _list_json(key: str, items: list) -> bytes:
+    """{key: items} as JSON, encoded in slices: one json.dumps of a million tokens holds the GIL
+    (and so the event loop) for a quarter of a second; slices let it answer in between."""
+    parts = [json.dumps(items[i:i + 20000])[1:-1].encode() for i in range(0, len(items), 20000)]
+    return b"".join([b"{", json.dumps(key).encode(), b": [", b", ".join(parts), b"]}"])
+
+
+def _json_bytes(data: bytes):
+    from starlette.responses import Response
+
+    return Response(data, media_type="application/json")
 
 
 def _piece(raw: bytes):
@@ -260,7 +322,11 @@ async def _request_error(request, exc: RequestError):
 
 
 async def _user_error(request, exc: UserError):
-    return error_response(400, str(exc))
+    return error_response(400, str(exc), param=exc.param)
+
+
+async def _too_deep(request, exc: RecursionError):  # a safety net: bodies are checked for depth first
+    return error_response(400, "the request nests too deeply to be read; flatten it", code="invalid_value")
 
 
 async def _queue_full(request, exc: QueueFull):

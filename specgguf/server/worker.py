@@ -16,9 +16,11 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable, Iterable
 
 Work = Callable[[Callable[[], bool]], Iterable]  # work(cancelled) -> items to send back
+HELPER_THREADS = 2  # requests checked, tokenized and compiled at once beside the worker
 
 
 class QueueFull(Exception):
@@ -79,6 +81,9 @@ class Scheduler:
         self._current: Job | None = None
         self._thread = threading.Thread(target=self._loop, name="specgguf-worker", daemon=True)
         self._thread.start()
+        # the work before a job (checks, templates, tokenizing, grammars): off the event loop, and
+        # done before the model may be freed (close() waits for it)
+        self.helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix="specgguf-prepare")
 
     def submit(self, work: Work, loop: asyncio.AbstractEventLoop | None = None) -> Job:
         """Queue `work`; raises QueueFull when max_waiting jobs wait already."""
@@ -126,7 +131,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Cancel what waits, let the running job stop at its next round (or prefill chunk), and
-        wait for the thread to end: the model must not be freed under a running job."""
+        wait for the thread (and the helpers) to end: the model must not be freed under them."""
         with self._lock:
             if self._current is not None:
                 self._current.cancel()
@@ -142,3 +147,4 @@ class Scheduler:
                     self._waiting -= 1
         self._queue.put(None)
         self._thread.join()
+        self.helpers.shutdown(wait=True, cancel_futures=True)
