@@ -5,6 +5,9 @@ prompt into empty caches: the cache may change only how much is read, never the 
 from __future__ import annotations
 
 import random
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -246,3 +249,53 @@ def test_gemma_chat_usage_reports_cached_tokens(gemma_path):
         chunks = list(llm.create_chat_completion(messages, max_tokens=8, stream=True,
                                                  stream_options={"include_usage": True}))
         assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+
+
+LOG = "\n".join(f"{i:02d}:00 sensor {i % 7} reported {i * 13 % 97} units" for i in range(1, 120))
+
+
+def test_server_three_turn_chat_reads_only_new_tokens(chat_model_path):
+    """The real openai client sends the whole conversation every turn (as every app does):
+    turns 2 and 3 find all of the earlier turns in the cache, and a request for another
+    conversation afterwards still answers exactly as a fresh server would."""
+    import openai
+
+    from serverproc import start_server
+
+    system = {"role": "system", "content": "Answer from this log.\n" + LOG}
+    questions = ["What did sensor 3 report at 10:00?", "And at 17:00?", "Which sensor reported at 20:00?"]
+    with start_server(chat_model_path, "--ctx", 4096, "--draft", "ngram", "--draft-max", 3) as server:
+        c = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+        messages, usages, answers = [system], [], []
+        for q in questions:
+            messages.append({"role": "user", "content": q})
+            r = c.chat.completions.create(model="gpt-4o-mini", messages=messages, max_tokens=24, temperature=0)
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
+            usages.append(r.usage)
+            answers.append(r.choices[0].message.content)
+    assert usages[0].prompt_tokens > 1500
+    assert usages[0].prompt_tokens_details.cached_tokens == 0
+    for before, now in zip(usages, usages[1:]):
+        # everything the last turn read (its prompt) is cached; what is read is the answer and the question
+        assert now.prompt_tokens_details.cached_tokens >= before.prompt_tokens
+        assert now.prompt_tokens - now.prompt_tokens_details.cached_tokens < 80
+    with SpecGGUF(str(chat_model_path), n_ctx=4096) as fresh:  # the target's own greedy answers
+        for i, q in enumerate(questions):
+            conv = messages[:1 + 2 * i] + [{"role": "user", "content": q}]
+            fresh.reset()
+            want = fresh.create_chat_completion(conv, max_tokens=24)["choices"][0]["message"]["content"]
+            assert answers[i] == want
+
+
+def test_chat_turn_two_reads_only_its_new_tokens(chat_model_path):
+    system = "Answer from this log.\n" + LOG
+    proc = subprocess.run([sys.executable, "-m", "specgguf", "chat", str(chat_model_path), "--draft", "ngram",
+                           "-n", "16", "--system", system, "--ctx", "4096"],
+                          input="What did sensor 3 report at 10:00?\nAnd at 17:00?\n/exit\n",
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    stats = re.findall(r"prompt (\d+) tokens(?: \((\d+) cached\))?", proc.stderr)
+    assert len(stats) == 2, proc.stderr
+    (p1, c1), (p2, c2) = stats
+    assert c1 == "" and int(p1) > 1500
+    assert int(c2) >= int(p1) and int(p2) - int(c2) < 60  # turn 2 read its answer and question only
