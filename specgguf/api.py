@@ -88,7 +88,7 @@ class SpecGGUF:
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
                  rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False,
-                 prompt_cache_bytes: int = 0, **llama_options):
+                 prompt_cache_bytes: int = 0, deterministic: bool = False, **llama_options):
         """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
         270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
@@ -100,7 +100,10 @@ class SpecGGUF:
         prompt_cache_bytes: the prompt cache beyond the live context: up to this many bytes of
         saved cache states, so that prompts which alternate (two documents, one system prompt
         for many users) are not re-read (0: only the live context, which every call reuses:
-        a prompt that shares a prefix with the last call's prompt and output reads only the rest)."""
+        a prompt that shares a prefix with the last call's prompt and output reads only the rest).
+        deterministic: auto draft lengths that depend only on the text and the seed, never on
+        timing (docs/loop.md §2.4); implied for every generation given a seed, and for all of
+        them when this constructor is given one."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
@@ -108,6 +111,7 @@ class SpecGGUF:
         llamaargs.check_extra(llama_options)
         llamaargs.check_resources(n_ctx, n_threads, n_threads_batch, n_batch)
         llamaargs.whole("prompt_cache_bytes", prompt_cache_bytes, 0)
+        llamaargs.flag("deterministic", deterministic)
         if draft is None and draft_kind == "ngram":
             draft = "ngram"
         native.set_verbose(verbose)
@@ -129,7 +133,8 @@ class SpecGGUF:
 
                 self.drafter = make_drafter(str(resolve_draft(draft, target)), self.target, kind=draft_kind, draft_max=draft_max,
                                             n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
-            self.engine = Engine(self.target, self.drafter, draft_max)
+            self.engine = Engine(self.target, self.drafter, draft_max,
+                                 deterministic=deterministic or self._seed is not None)
         except BaseException as exc:
             self.close()
             if isinstance(exc, UserError):

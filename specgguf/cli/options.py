@@ -82,6 +82,9 @@ def model_options(f):
                      help="Flash attention for the target. Off, as in llama_cpp.Llama: on the CPU its single-token "
                           "decode splits long contexts (>= 512 cells) another way than a verify batch, so greedy "
                           "drafting would answer differently from plain decoding (docs/machines.md)."),
+        click.option("--deterministic", is_flag=True,
+                     help="Auto draft lengths from the text alone, never from timing, so two runs draft alike "
+                          "(implied by --seed; docs/loop.md §2.4)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     for opt in reversed(options):
@@ -102,7 +105,7 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          rpc_servers=None, flash_attn="off", chat=False, offline=False, **_):
+          rpc_servers=None, flash_attn="off", chat=False, offline=False, deterministic=False, **_):
     """A SpecGGUF from the command's options. chat: with no TARGET, start the default chat
     model (an instruct model) rather than the API's default (the Gemma base model)."""
     from ..api import SpecGGUF
@@ -124,7 +127,8 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         os.environ["HF_HUB_OFFLINE"] = "1"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
-                    rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn])
+                    rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn],
+                    deterministic=deterministic)
 
 
 def sampling_options(f):

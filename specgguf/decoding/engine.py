@@ -59,11 +59,21 @@ class Engine:
 
     draft_max: a fixed draft length, or "auto": each round's length is chosen from costs
     measured on this machine and acceptance measured on this text (tuning.py); the choice of
-    length never changes the output, only the speed."""
+    length never changes the output, only the speed.
 
-    def __init__(self, target, drafter=None, draft_max: int | str = 8):
+    deterministic: auto lengths that depend only on the generation's tokens (and seed), never
+    on timing or on a profile on disk (`tuning.prior_costs`, docs/loop.md §2.4). A generation
+    given a sampling seed gets them too: on quantised targets the lengths decide the verify
+    batches' widths, and those move logits (§6.4), so timed lengths would part two runs with
+    one seed."""
+
+    def __init__(self, target, drafter=None, draft_max: int | str = 8, deterministic: bool = False):
         self.target, self.drafter = target, drafter
         self.lengths = self.profile = None
+        if not isinstance(deterministic, bool):
+            raise UserError(f"deterministic must be True or False (got {deterministic!r})", param="deterministic")
+        self.deterministic = deterministic
+        self._prior = 0.6
         if draft_max == AUTO:
             from .profiling import ProfileStore
             from .tuning import LengthController
@@ -76,7 +86,8 @@ class Engine:
                                         and drafter.kind.split("+")[-1] in HIDDEN_KINDS,
                                         rpc_servers=target.rpc_servers)
             # prior acceptance: an n-gram continuation found in the text is usually right
-            self.lengths = LengthController(self.draft_max, prior=0.7 if spec == "ngram" else 0.6)
+            self._prior = 0.7 if spec == "ngram" else 0.6
+            self.lengths = LengthController(self.draft_max, prior=self._prior)
             if drafter is not None:
                 drafter.chooser = self.lengths
                 # how far the drafter's confidence can be trusted, as earlier runs measured it
@@ -107,6 +118,29 @@ class Engine:
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
         return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar)
 
+    def fixed_lengths(self):
+        """A fresh LengthController on `tuning.prior_costs`, with fresh calibrations: what it
+        chooses depends on this generation's tokens only (nothing timed, nothing read from or
+        written to the profile, nothing carried from an earlier generation)."""
+        from .tuning import LengthController, prior_costs
+
+        drafter = self.drafter
+        step = 0.0 if drafter is None else draft_weight(self.target, drafter)
+        return LengthController(self.draft_max, prior_costs(step, drafter is not None and drafter.block),
+                                prior=self._prior)
+
+
+def draft_weight(target, drafter) -> float:
+    """A draft model's pass in units of the target's: the ratio of their file sizes (a CPU pass
+    reads every weight once), at least 1%. Lookup drafters (no file): 0."""
+    import os
+
+    spec = drafter.profile_id.rpartition("+")[2]
+    try:
+        return max(os.path.getsize(spec) / os.path.getsize(target.info.path), 0.01)
+    except OSError:
+        return 0.0
+
 
 class Generation:
     """One generation: iterate it for tokens; `stats` and `finish_reason` fill in as it runs.
@@ -131,6 +165,13 @@ class Generation:
         self._drafter_samples = self.sampler is not None and engine.drafter is not None \
             and engine.drafter.samples
         self.stats = GenerationStats(prompt_tokens=len(prompt))
+        # auto lengths, deterministic when asked for or when a seed is given (Engine's doc)
+        self.lengths = engine.lengths
+        seeded = sampling is not None and sampling.seed is not None
+        if self.lengths is not None and (engine.deterministic or seeded):
+            self.lengths = engine.fixed_lengths()
+        self.stats.lengths = ("none" if engine.drafter is None else "fixed" if engine.lengths is None
+                              else "auto" if self.lengths is engine.lengths else "deterministic")
         if self.sampler is not None and not sampling.greedy:
             self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None
@@ -325,9 +366,12 @@ class Generation:
         engine, stats = self.engine, self.stats
         target, drafter = engine.target, engine.drafter
         ctx, batch, model = target.ctx, target.batch, target.model
-        lengths = engine.lengths
+        lengths = self.lengths
+        timed = lengths is not None and lengths is engine.lengths  # costs from the profile, by depth
         if lengths is not None:
             lengths.reset()
+            if drafter is not None:
+                drafter.chooser = lengths
         clock = time.perf_counter
         if not self._prefill():
             self.finish_reason = "cancelled"
@@ -353,7 +397,8 @@ class Generation:
                 self._synced = None  # the round changes the caches until its bookkeeping is done
                 conf = None
                 if lengths is not None:
-                    lengths.costs = engine.profile.costs_for(pos0)
+                    if timed:
+                        lengths.costs = engine.profile.costs_for(pos0)
                     if drafter is None:
                         n_round = 0
                     else:  # a lookup drafter offers all it has, then the prefix that pays is kept

@@ -22,6 +22,15 @@ class GenerationStats:
     draft_lengths: list[int] = field(default_factory=list)  # the length asked for, per round
     rounds_detail: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
     seed: int | None = None  # the sampling seed (drawn when none was given); None: greedy
+    # how draft lengths were chosen: "none" (no draft), "fixed" (--draft-max N), "auto" (from
+    # timed costs: may differ between runs), "deterministic" (auto on frozen prior costs: a
+    # function of the text and the seed only, docs/loop.md §2.4)
+    lengths: str = "none"
+
+    @property
+    def deterministic(self) -> bool:
+        """The draft lengths, hence the verify batches, depend only on the tokens and the seed."""
+        return self.lengths != "auto"
 
     def record_round(self, n_drafted: int, n_accepted: int) -> None:
         self.rounds += 1
@@ -75,6 +84,8 @@ class GenerationStats:
             # per round [drafted, accepted]: what tests/test_parity.py compares with the C++ loop
             "rounds_detail": [list(r) for r in self.rounds_detail],
             "seed": self.seed,
+            "lengths": self.lengths,
+            "deterministic": self.deterministic,
         }
 
     def summary(self) -> str:
@@ -85,4 +96,5 @@ class GenerationStats:
                      f"tau {self.tau:.2f}")
         cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
         line += f"; prompt {self.prompt_tokens} tokens{cached} in {self.prefill_s:.2f} s"
-        return line + (f"; seed {self.seed}" if self.seed is not None else "")
+        line += f"; seed {self.seed}" if self.seed is not None else ""
+        return line + ("; deterministic lengths" if self.lengths == "deterministic" else "")

@@ -24,6 +24,10 @@ Acceptance comes from one of two places:
   is chosen before drafting (`LengthController.next_length`). When n = 0 wins for a while, a
   short probe round refreshes the estimate, so speculation comes back when the text turns
   repetitive.
+
+Deterministic lengths (`prior_costs`, a seed or `deterministic=True`): the costs are the
+prior's shape, frozen, so the chosen lengths depend only on the text and the seed, never on
+timing or on a profile that another run may have rewritten (docs/loop.md §2.4).
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class Costs:
     lookup: float | None = None  # seconds a lookup drafter (ngram, suffix) spends per round
     loaded: dict = field(default_factory=dict)  # n -> seconds as the cache had them
     seen: dict = field(default_factory=dict)  # n -> rounds measured by this process
+    frozen: bool = False  # deterministic lengths: observations change nothing (prior_costs)
 
     def __post_init__(self):
         self._draft_fresh = False  # the draft costs were measured by this process
@@ -111,6 +116,8 @@ class Costs:
         self._since_fit = 0
 
     def observe_verify(self, n: int, seconds: float) -> None:
+        if self.frozen:
+            return
         old = self.verify.get(n)
         # No pass of n+1 positions costs more than n+1 plain passes: more is the process
         # stopped or descheduled mid-pass (a laptop lid, a suspended job), not the width, and
@@ -136,7 +143,7 @@ class Costs:
             self._curve = None
 
     def observe_draft(self, n: int, seconds: float) -> None:
-        if n <= 0:
+        if n <= 0 or self.frozen:
             return
         per_step = 0.0 if self.block else seconds / (n + 1)
         fixed = seconds - per_step * n
@@ -151,6 +158,8 @@ class Costs:
         self._draft_fresh = True
 
     def observe_lookup(self, seconds: float) -> None:
+        if self.frozen:
+            return
         self.lookup = seconds if self.lookup is None else self.lookup + self.smoothing * (seconds - self.lookup)
 
     # -- the verify curve ------------------------------------------------------------------
@@ -237,6 +246,18 @@ class Costs:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         return cls(verify, d.get("draft_round"), d.get("draft_step"), bool(d.get("block", False)),
                    lookup=d.get("lookup"), loaded=dict(verify))
+
+
+def prior_costs(draft_step: float = 0.0, block: bool = False) -> Costs:
+    """Costs that never change: a plain pass costs 1, each verified position beyond it
+    `PRIOR_ROW`, each drafted token `draft_step` (one block pass for block drafters), in units
+    of a plain pass. Lengths chosen from them depend only on the acceptance seen on the text,
+    so two runs with the same seed draft the same lengths on any machine (a frozen copy of a
+    measured profile would not do: any unseeded run may rewrite it between two seeded ones)."""
+    costs = Costs({0: 1.0}, draft_round=draft_step if block else 0.0, draft_step=0.0 if block else draft_step,
+                  block=block, frozen=True)
+    costs.fresh.add(0)
+    return costs
 
 
 class Acceptance:
@@ -338,7 +359,7 @@ class LengthController:
         if not confidence:
             return 0
         n = self.value(confidence)[0]
-        if self._lookups % EXPLORE_EVERY == 0 and n < len(confidence):
+        if self._lookups % EXPLORE_EVERY == 0 and n < len(confidence) and not self.costs.frozen:
             # now and then a longer prefix than the best guess, where the draft is still
             # likely right: one unlucky measurement must not rule a width out for good
             m = min(len(confidence), 2 * n + 2)
@@ -403,6 +424,8 @@ class LengthController:
                 certain = choose_length(self.costs, [1.0] * self.n_max, self.n_max) > 0
                 self._probe_after = self.probe_every if certain else min(2 * self._probe_after, 512)
                 return min(2, self.n_max)
+        elif self.costs.frozen:  # nothing to measure: no baseline or wider width to look at
+            self._idle = 0
         else:
             self._idle = 0
             self._since_plain += 1
