@@ -4,7 +4,8 @@ child processes (a crash there is a row in the table, not the end of this script
     python scripts/grammar_limits.py [--json out.json] [--quick]
 
 Rows: GBNF nesting depth compiled on the main thread and on a worker thread (the server's case);
-a string schema's maxLength through the converter and the compiler; an object's optional
+a string schema's maxLength through llama-cpp-python's converter and the compiler, and through
+specgguf's (`chain`: constraints.converter, which writes it as a flat chain); an object's optional
 property count through the converter; the cost of the grammar at run time for the largest
 allowed string (a full-vocabulary `allowed()` scan after each of 200 accepted characters).
 Prints a table and writes JSON; it asserts nothing (docs/structured-output.md quotes it).
@@ -34,6 +35,11 @@ def work():
     elif kind == "maxLength":
         from llama_cpp.llama_grammar import json_schema_to_gbnf
         gbnf = json_schema_to_gbnf(json.dumps({"type": "string", "maxLength": n}))
+    elif kind == "chain":  # specgguf's converter: maxLength as a flat chain of rules
+        from specgguf.openai.constraints import converter
+        conv = converter()
+        conv.visit({"type": "string", "maxLength": n}, "")
+        gbnf = conv.format_grammar()
     elif kind == "properties":
         from llama_cpp.llama_grammar import json_schema_to_gbnf
         schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
@@ -43,12 +49,12 @@ def work():
     t0 = time.perf_counter()
     g = native.Grammar(model, gbnf)
     out["compile_s"] = time.perf_counter() - t0
-    if kind == "maxLength":  # run time: accept characters one by one, scanning the vocabulary each time
+    if kind in ("maxLength", "chain"):  # run time: accept characters one by one, scanning the vocabulary each time
         tok = model.tokenize('"', add_special=False, parse_special=False)[0]
         g.accept(tok)
         a = model.tokenize("a", add_special=False, parse_special=False)[0]
         t0 = time.perf_counter()
-        steps = min(n, 200)
+        steps = min(n, 100)
         for _ in range(steps):
             g.allowed()
             g.accept(a)
@@ -95,6 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     plan = [("nesting", n, w) for n in (1024, 8192, 16384, 18000, 20000, 65536) for w in ("main", "thread")]
     plan += [("maxLength", n, "thread") for n in (100, 1000, 1001, 4096, 20000)]
+    plan += [("chain", n, "thread") for n in (1000, 4096, 16384, 65536)]
     plan += [("properties", n, "thread") for n in (128, 256, 512, 900, 1000)]
     if args.quick:
         plan = [p for p in plan if p[1] in (1024, 20000, 1000, 512)]

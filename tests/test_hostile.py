@@ -154,16 +154,16 @@ for j, value in enumerate([None, [], {}, "hi", [1], [{"content": "x"}], [{"role"
     case(f"messages_{j}", CHAT, {"messages": value, "max_tokens": 1}, status, "*", "messages")
 
 # -- response_format and its schemas ------------------------------------------------------------
-for j, n in enumerate([1001, 4096, 20000, 10 ** 6, 10 ** 30]):
+for j, n in enumerate([16385, 20000, 10 ** 6, 10 ** 30]):
     case(f"maxLength_{n}", CHAT, chat(response_format=rf({"type": "string", "maxLength": n})), 400, SCHEMA_PARAM,
          "'maxLength'")
     case(f"maxItems_{n}", CHAT, chat(response_format=rf({"type": "array", "items": {"type": "integer"},
                                                          "maxItems": n})), 400, SCHEMA_PARAM, "'maxItems'")
-for j, n in enumerate([4097, 10 ** 5]):
+for j, n in enumerate([16385, 10 ** 5]):
     case(f"minLength_{n}", CHAT, chat(response_format=rf({"type": "string", "minLength": n})), 400, SCHEMA_PARAM,
-         "the limit is 4096")
+         "the limit is 16384")
     case(f"minItems_{n}", CHAT, chat(response_format=rf({"type": "array", "items": {}, "minItems": n})), 400,
-         SCHEMA_PARAM, "the limit is 4096")
+         SCHEMA_PARAM, "the limit is 16384")
 for j, (lo, hi) in enumerate([(3, 2), (1000, 999), (1, 0)]):
     case(f"minLength_gt_maxLength_{j}", CHAT, chat(response_format=rf({"type": "string", "minLength": lo,
                                                                        "maxLength": hi})), 400, SCHEMA_PARAM,
@@ -174,7 +174,7 @@ for j, (lo, hi) in enumerate([(3, 2), (1000, 999), (1, 0)]):
 for j, value in enumerate([-1, 1.5, "10", True, None, [3]]):
     case(f"maxLength_type_{j}", CHAT, chat(response_format=rf({"type": "string", "maxLength": value})), 400,
          SCHEMA_PARAM, "whole number")
-for j, pattern in enumerate(["^a{0,5000}$", "^a{5000}$", "^(ab){1,2000}$", "^[a-z]{2,99999}$", "^x{4097,}$"]):
+for j, pattern in enumerate(["^a{0,5000}$", "^a{50000}$", "^(ab){1,2000}$", "^[a-z]{2,99999}$", "^x{16385,}$"]):
     case(f"pattern_{j}", CHAT, chat(response_format=rf({"type": "string", "pattern": pattern})), 400, SCHEMA_PARAM,
          "'pattern'")
 case("pattern_not_string", CHAT, chat(response_format=rf({"type": "string", "pattern": 5})), 400, SCHEMA_PARAM,
@@ -192,8 +192,8 @@ case("schema_property_work", CHAT, chat(response_format=rf({"type": "object", "p
     f"o{k}": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(400)}}
     for k in range(4)}})), 400, SCHEMA_PARAM, "too many properties")
 case("schema_expansion", CHAT, chat(response_format=rf({"type": "object", "properties": {
-    f"p{i}": {"type": "string", "minLength": 900, "maxLength": 1000} for i in range(40)}})), 400, SCHEMA_PARAM,
-     "add up to more than 32768")
+    f"p{i}": {"type": "string", "minLength": 900, "maxLength": 1000} for i in range(70)}})), 400, SCHEMA_PARAM,
+     "add up to more than 65536")
 case("schema_chars", CHAT, chat(response_format=rf({"enum": ["x" * 1000] * 1100})), 400, SCHEMA_PARAM,
      "the limit is 1048576")
 for kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else",
@@ -234,7 +234,7 @@ case("grammar_and_format", CHAT, chat(grammar='root ::= "a"', response_format={"
 
 # -- tools: every tool's parameters, whatever tool_choice; parallel_tool_calls ------------------------
 BAD_PARAMETERS = [({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}}, "'maximum'"),
-                  ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5000}}}, "'maxLength'"),
+                  ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 50000}}}, "'maxLength'"),
                   ({"type": "array", "items": {}, "minItems": 5, "maxItems": 1}, "is larger than"),
                   ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{0,9999}$"}}},
                    "'pattern'"),
@@ -270,6 +270,12 @@ for j, body in enumerate([{}, {"input": 5}, {"input": "a", "model": 5}]):
 
 # -- what is allowed right at the limits answers 200 ------------------------------------------------
 case("ok_maxLength_1000", CHAT, chat(response_format=rf({"type": "string", "maxLength": 1000})), 200)
+case("ok_maxLength_1001", CHAT, chat(response_format=rf({"type": "string", "maxLength": 1001})), 200)
+case("ok_maxLength_16384", CHAT, chat(response_format=rf({"type": "string", "minLength": 1, "maxLength": 16384})), 200)
+case("ok_maxItems_16384", CHAT, chat(response_format=rf({"type": "array", "items": {"type": "string", "maxLength": 9},
+                                                         "maxItems": 16384})), 200)
+case("ok_tool_maxLength_5000", CHAT, chat(tools=[tool({"type": "object", "properties": {
+    "a": {"type": "string", "maxLength": 5000}}, "required": ["a"]})], tool_choice="required"), 200)
 case("ok_minLength_4096", CHAT, chat(response_format=rf({"type": "string", "minLength": 4096})), 200)
 case("ok_maxItems_1000", CHAT, chat(response_format=rf({"type": "array", "items": {"type": "integer"},
                                                         "maxItems": 1000})), 200)
@@ -415,7 +421,7 @@ API_CASES = [
      "2048"),
     ("schema_maxLength", lambda m: m.create_chat_completion(MSG, response_format=rf({"type": "string",
                                                                                     "maxLength": 20000})),
-     SCHEMA_PARAM, "4096"),
+     SCHEMA_PARAM, "16384"),
     ("parallel_not_bool", lambda m: m.create_chat_completion(MSG, tools=[tool()], parallel_tool_calls="no"),
      "parallel_tool_calls", "true or false"),
     ("tool_params_auto", lambda m: m.create_chat_completion(MSG, tools=[tool({"type": "integer", "minimum": 1})]),

@@ -32,8 +32,6 @@ def json_grammar() -> str:
 def schema_grammar(schema, param: str) -> str:
     """GBNF for a JSON schema (a dict, or its JSON text), by llama-cpp-python's converter, after
     the schema is checked against the bounds of grammarlimits.py (too large: refused)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     if isinstance(schema, str):
         if len(schema) > grammarlimits.MAX_SCHEMA_CHARS:
             raise RequestError(f"'{param}' is {len(schema)} characters of JSON; the limit is "
@@ -50,13 +48,60 @@ def schema_grammar(schema, param: str) -> str:
                            code="invalid_type")
     text = schema_text(schema, param)
     try:
-        gbnf = json_schema_to_gbnf(text)
+        conv = converter()
+        conv.visit(conv.resolve_refs(json.loads(text), "stdin"), "")
+        gbnf = conv.format_grammar()
     except Exception as exc:  # the converter raises ValueError, KeyError, TypeError, ... on bad schemas
         raise RequestError(f"'{param}' is not a JSON schema llama-cpp-python can turn into a grammar: "
                            f"{type(exc).__name__}: {exc}"[:400], param=param, code="invalid_value") from None
     gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
     grammarlimits.check_gbnf(gbnf, param)
     return gbnf
+
+
+# Keys the converter looks at before a string's or array's bounds: a schema with any of them
+# takes the converter's own branch (its bounds then mean nothing to it, or are checked there).
+_EARLIER_KEYS = {"$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
+                 "pattern", "format", "prefixItems"}
+
+
+def converter(prop_order: dict | None = None):
+    """llama-cpp-python's SchemaConverter, except for a bounded repetition (maxLength, maxItems):
+    the converter writes n optional items as n nested groups, `(c (c (c)?)?)?`, which llama.cpp
+    refuses past 1000 and whose parser overflows the stack past ~19000 (grammarlimits.py); here
+    they are a chain of rules, `r1 ::= c r2 | ""`, `r2 ::= c r3 | ""`, ..., flat for the parser and a
+    tail call for the grammar's stacks. Same language, any length up to grammarlimits' bounds."""
+    from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
+
+    class Converter(SchemaConverter):
+        def visit(self, schema, name):
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            if kind == "string" and "maxLength" in schema and not _EARLIER_KEYS & set(schema):
+                rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+                item = self._add_primitive("char", PRIMITIVE_RULES["char"])
+                body = self._chain(rule_name, item, schema.get("minLength", 0), schema["maxLength"], None)
+                return self._add_rule(rule_name, r'"\"" ' + body + r' "\"" space')
+            if (kind == "array" and "maxItems" in schema and isinstance(schema.get("items"), dict)
+                    and not _EARLIER_KEYS & set(schema)):
+                rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+                item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
+                body = self._chain(rule_name, item, schema.get("minItems", 0), schema["maxItems"], '"," space')
+                return self._add_rule(rule_name, '"[" space ' + body + ' "]" space')
+            return super().visit(schema, name)
+
+        def _chain(self, name: str, item: str, low: int, high: int, sep: str | None) -> str:
+            """`low` items, then up to `high - low` more, each optional one a rule of the chain."""
+            lead = f"{sep} {item}" if sep else item
+            first = [item] + [lead] * (low - 1) if low else []
+            tail = ""
+            for i in range(high - low, 0, -1):  # from the end, so each rule can name the next
+                opt = item if (i == 1 and not low) else lead  # the very first item has no separator
+                tail = self._add_rule(f"{name}-rest{i}", f"{opt}{' ' + tail if tail else ''} | \"\"")
+            if not first:
+                return tail
+            return " ".join(first + ([tail] if tail else []))
+
+    return Converter(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
 def schema_text(schema: dict, param: str) -> str:

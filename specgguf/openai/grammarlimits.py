@@ -3,14 +3,16 @@
 llama-cpp-python's schema converter writes a bounded repetition (`maxLength`, `maxItems`, a
 pattern's `{m,n}`) as nested optional groups, `(c (c (c)?)?)?`, one level per optional item,
 and llama.cpp's GBNF parser reads a group by recursion (parse_sequence -> parse_alternates), so
-a `maxLength` of 20000 overflows the C stack: the process dies with SIGSEGV, no exception. Below
-that, llama.cpp refuses a `?` group holding over 2000 generated rules (MAX_REPETITION_THRESHOLD),
-which the converter's chain reaches at a span (max - min) of 1001, with a message about "sane
-defaults" that names no keyword: MAX_SPAN says it before, with the keyword. A
-schema with hundreds of optional properties makes the converter recurse once per property (a
-RecursionError past ~990) and build rules in time quadratic in their number. So the schema is
-walked first (no recursion here, whatever its depth) and refused with the keyword and the limit
-when it asks for more than these bounds; the GBNF text, converted or given, is bounded too.
+a `maxLength` of 20000 overflowed the C stack: the process died with SIGSEGV, no exception.
+Below that, llama.cpp refuses a `?` group holding over 2000 generated rules
+(MAX_REPETITION_THRESHOLD), which the chain reaches at a span (max - min) of 1001, with a
+message about "sane defaults" that names no keyword. constraints.converter writes `maxLength`
+and `maxItems` as a flat chain of rules instead (any span up to MAX_REPEAT); a pattern's
+quantifiers keep the nested form, so their span is held to MAX_SPAN here, with the keyword.
+A schema with hundreds of optional properties makes the converter recurse once per property
+(a RecursionError past ~990) and build rules in time quadratic in their number. So the schema
+is walked first (no recursion here, whatever its depth) and refused with the keyword and the
+limit when it asks for more than these bounds; the GBNF text, converted or given, is bounded too.
 
 The bounds are far above what real schemas use (OpenAI's structured outputs allow 10 levels of
 nesting and 5000 properties in all) and far below what breaks llama.cpp: the numbers behind them
@@ -23,9 +25,9 @@ import re
 
 from ..errors import RequestError
 
-MAX_REPEAT = 4096  # any minLength, maxLength, minItems, maxItems and pattern {m,n} bound
-MAX_SPAN = 1000  # max - min of one of them: llama.cpp refuses an optional chain of more (see below)
-MAX_EXPANSION = 32768  # the bounds summed over the whole schema (each costs a rule per unit)
+MAX_REPEAT = 16384  # any minLength, maxLength, minItems, maxItems and pattern {m,n} bound
+MAX_SPAN = 1000  # n - m of a pattern's {m,n}: llama.cpp refuses a nested optional chain of more (below)
+MAX_EXPANSION = 65536  # the bounds summed over the whole schema (each costs a rule per unit)
 MAX_DEPTH = 32  # subschemas inside subschemas
 MAX_NODES = 10000  # subschemas in all (properties, items, anyOf members, $defs, ...)
 MAX_PROPERTIES = 512  # properties of one object (the converter recurses once per optional one)
@@ -82,10 +84,6 @@ def check_schema(schema, param: str, unenforced=()) -> None:
             if low in node and high in node and node[low] > node[high]:
                 raise _refuse(param, where, f"'{low}' ({node[low]}) is larger than '{high}' ({node[high]}): "
                                             "no value can match", "invalid_value")
-            if high in node and node[high] - node.get(low, 0) > MAX_SPAN:
-                raise _refuse(param, where, f"'{high}' - '{low}' is {node[high] - node.get(low, 0)}; the limit is "
-                                            f"{MAX_SPAN} (llama.cpp's grammar engine takes at most {MAX_SPAN} "
-                                            "optional repetitions)")
         total += max((node.get(k, 0) for k in _REPEAT_KEYS), default=0)
         pattern = node.get("pattern")
         if pattern is not None:

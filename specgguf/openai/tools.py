@@ -171,13 +171,10 @@ class ToolSet:
         """GBNF for tool_choice 'required' (any one function) or a named function; else None."""
         if self.choice in ("none", "auto"):
             return None
-        from llama_cpp.llama_grammar import SchemaConverter
-
-        from .constraints import _JSON_CHAR, _LOOSE_CHAR
+        from .constraints import _JSON_CHAR, _LOOSE_CHAR, converter
 
         fns = [t["function"] for t in self.tools if self.choice == "required" or t["function"]["name"] == self.choice]
-        conv = SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False,
-                               raw_pattern=False)
+        conv = converter(prop_order={"name": 0, "arguments": 1})
         try:
             if self.format == "gemma":
                 calls = [self._gemma_call(conv, f) for f in fns]
