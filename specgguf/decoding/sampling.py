@@ -48,6 +48,7 @@ from . import noise as keyed
 from ..errors import UserError
 
 ACCEPT_RULES = ("auto", "coupled", "exact", "ratio")
+MIN_TEMPERATURE = 1e-3  # below it (1e-30) logits / T overflowed the Gumbel draw's float arithmetic
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ class SamplingParams:
             number(name, integer=True)
         if self.temperature < 0:
             bad("temperature", self.temperature, ">= 0, 0 = greedy")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / T past float32's precision: the keyed draw overflowed
+            bad("temperature", self.temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
+        if abs(self.temperature) > 3.4e38:
+            bad("temperature", self.temperature, "a finite float32 number (<= 3.4e38)")
         if self.top_k < 0:
             bad("top_k", self.top_k, ">= 0, 0 = off")
         if not 0 < self.top_p <= 1:

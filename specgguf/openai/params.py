@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 
+from ..decoding.sampling import MIN_TEMPERATURE  # with |logit_bias| <= MAX_BIAS (1e6), logits / T stay under 1e9
 from ..errors import RequestError, UserError
 
 FLOAT32_MAX = 3.4028234663852886e38  # logits are float32: a larger number becomes inf (and NaN after)
@@ -28,7 +29,6 @@ def finite32(value) -> bool:
 # `specgguf.decoding.sampling.SamplingParams` (greedy), not OpenAI's temperature 1.0: greedy output
 # is the target's own, token for token, which is what speculative decoding promises.
 _NUM = (int, float)
-MIN_TEMPERATURE = 1e-3  # with |logit_bias| <= MAX_BIAS (1e6), logits / T stay under 1e9
 SAMPLING_FIELDS = {
     # 0 is greedy; below 1e-3 the sampler's logits / T leave float32's precision (1e-30 overflowed)
     "temperature": (_NUM, lambda v: v == 0 or v >= MIN_TEMPERATURE, "0 (greedy) or a number >= 0.001"),
