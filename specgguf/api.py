@@ -320,12 +320,30 @@ class SpecGGUF:
         except ValueError as exc:  # the template's own raise_exception(), or a malformed message
             raise params.RequestError(f"the chat template refused the messages: {exc}", param="messages") from None
         bos_in_text = bool(fmt.bos_text) and text.startswith(fmt.bos_text)
+        self._refuse_past_context(text, "messages")
         return self.target.tokenize(text, add_special=not bos_in_text)
+
+    _max_piece = None
+
+    def _refuse_past_context(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit the context even if every token
+        were twice the vocabulary's longest piece: 16 MB takes seconds to tokenize, for nothing."""
+        n = len(text.encode("utf-8", "replace"))
+        if n <= 32 * self.n_ctx():  # the usual case: tokenize and count
+            return
+        if self._max_piece is None:  # once, on the first long text (0.9 s for 262k tokens)
+            model = self.target.model
+            self._max_piece = max(len(model.token_to_piece(t, True)) for t in range(model.n_vocab))
+        if n > 2 * self._max_piece * self.n_ctx():
+            raise params.RequestError(f"the {param} text is {n} bytes, which cannot fit the context of "
+                                      f"{self.n_ctx()} tokens (no token is longer than {self._max_piece} "
+                                      "bytes): shorten it", param=param, code="context_length_exceeded")
 
     def _prompt_tokens(self, prompt) -> list[int]:
         self._check_open()
         prompt = params.prompt_value(prompt)
         if isinstance(prompt, str):
+            self._refuse_past_context(prompt, "prompt")
             return self.target.tokenize(prompt)  # special-token text read as tokens, as Llama's prompts
         n_vocab = self.target.model.n_vocab
         if any(t < 0 or t >= n_vocab for t in prompt):

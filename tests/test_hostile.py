@@ -153,6 +153,11 @@ for j, value in enumerate([None, [], {}, "hi", [1], [{"content": "x"}], [{"role"
     status, param = 400, None
     case(f"messages_{j}", CHAT, {"messages": value, "max_tokens": 1}, status, "*", "messages")
 
+case("prompt_15mb", COMP, {"prompt": "x" * 15_000_000, "max_tokens": 1}, 400, "prompt", "cannot fit the context")
+case("messages_15mb", CHAT, {"messages": [{"role": "user", "content": "y" * 15_000_000}], "max_tokens": 1}, 400,
+     "messages", "cannot fit the context")
+case("prompt_over_context", COMP, {"prompt": "x " * 3000, "max_tokens": 1}, 400, "prompt", "context holds 1024")
+
 # -- response_format and its schemas ------------------------------------------------------------
 for j, n in enumerate([16385, 20000, 10 ** 6, 10 ** 30]):
     case(f"maxLength_{n}", CHAT, chat(response_format=rf({"type": "string", "maxLength": n})), 400, SCHEMA_PARAM,
