@@ -158,6 +158,12 @@ case("messages_15mb", CHAT, {"messages": [{"role": "user", "content": "y" * 15_0
      "messages", "cannot fit the context")
 case("prompt_over_context", COMP, {"prompt": "x " * 3000, "max_tokens": 1}, 400, "prompt", "context holds 1024")
 
+for depth in (2000, 100000):
+    case(f"tool_call_arguments_nesting_{depth}", CHAT, {"max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "f", "arguments": "[" * depth + "]" * depth}}]}]}, 400, "messages[1].tool_calls", "nests too deeply")
+
 # -- response_format and its schemas ------------------------------------------------------------
 for j, n in enumerate([16385, 20000, 10 ** 6, 10 ** 30]):
     case(f"maxLength_{n}", CHAT, chat(response_format=rf({"type": "string", "maxLength": n})), 400, SCHEMA_PARAM,
@@ -433,6 +439,9 @@ API_CASES = [
      TOOL_PARAM, "'minimum'"),
     ("tokenize_numpy", lambda m: m.tokenize(_numpy_prompt()), "text", "bytes or str"),
     ("detokenize_bad", lambda m: m.detokenize([10 ** 9]), "tokens", "outside the vocabulary"),
+    ("deep_tool_arguments", lambda m: m.create_chat_completion([
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "[" * 10 ** 5}}]}]),
+     "messages[0].tool_calls", "nests too deeply"),
     ("deep_messages", lambda m: m.create_chat_completion([{"role": "user", "content": nest(5000, "x")}]),
      "messages[0].content", None),
 ]

@@ -237,6 +237,9 @@ def _tool_fields(m: dict, i: int) -> dict:
         if isinstance(args, str):
             try:
                 args = json.loads(args)
+            except RecursionError:  # a string nesting 100k brackets: json's own limit (a 500 before)
+                raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments nests too deeply",
+                                   param=f"messages[{i}].tool_calls", code="invalid_value") from None
             except ValueError:
                 raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON",
                                    param=f"messages[{i}].tool_calls", code="invalid_value") from None
