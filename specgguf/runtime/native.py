@@ -172,11 +172,13 @@ class Model(_Owned):
     """A loaded GGUF model (weights and vocabulary)."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
-                 devices: list[int] | None = None):
+                 devices: list[int] | None = None, extra_bufts: bool = True):
+        """extra_bufts=False: weights stay out of the CPU repack (and AMX) buffers, whose gemm
+        takes rows in groups of 4 (docs/machines.md: batch invariance)."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.vocab_only = bool(vocab_only)
-        if not vocab_only and amx_verdict().fallback:  # a build whose AMX kernels crash on this CPU
+        if not extra_bufts or not vocab_only and amx_verdict().fallback:  # AMX kernels that crash on this CPU
             params.use_extra_bufts = False
         if devices is not None:  # where offloaded layers go (None: every GPU llama.cpp finds)
             self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
