@@ -71,3 +71,14 @@ def test_cli_refuses_nothing_silently_for_deterministic_without_a_draft(qwen3_ta
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)["stats"]
     assert stats["lengths"] == "none" and stats["deterministic"] is True
+
+
+def test_doctor_shows_the_flash_attention_default_and_the_width_switches():
+    proc = run_cli("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["flash_attention"].startswith("off by default")
+    inv = r["batch_invariance"]
+    assert inv["known_invariant"] is False and inv["switches"] and "width_invariance.py" in inv["measure"]
+    text = run_cli("doctor").stdout
+    assert any(line.startswith("batch invariance") for line in text.splitlines())

@@ -34,6 +34,23 @@ def _embedded_model():
     return {"package": DEFAULT_MODEL_PACKAGE, "installed": _version(DEFAULT_MODEL_PACKAGE) != "not installed"}
 
 
+def batch_invariance(system_info: str) -> dict:
+    """What is known, without measuring, about whether a verify batch of w rows computes a
+    position's logits as a one-token decode does on this CPU build (docs/machines.md, "Batch
+    invariance"; scripts/width_invariance.py measures it per model)."""
+    flags = {k.strip(): v.strip() for k, _, v in (part.partition("=") for part in system_info.split("|"))}
+    switches = []
+    if flags.get("LLAMAFILE") == "1":
+        switches.append("llamafile sgemm from 2 rows (attention with flash attention off; Q8_0/Q5_0/Q4_0 weights)")
+    if flags.get("REPACK") == "1":
+        switches.append("CPU repack gemm in groups of 4 rows (off with use_extra_bufts=false)")
+    if os.environ.get("GGML_CPU_TILED_MM", "1") != "0":
+        switches.append("tiled K-quant matmul from 8 rows (off with GGML_CPU_TILED_MM=0)")
+    switches.append("flash attention: split KV for one query past 512 cells, tiles from 64 queries")
+    return {"known_invariant": False, "switches": switches,
+            "measure": "python scripts/width_invariance.py --models TARGET.gguf"}
+
+
 def report() -> dict:
     """Every entry of the report, as JSON-ready values."""
     from . import amx, native, patchprobe, toolchain
@@ -58,6 +75,8 @@ def report() -> dict:
         "huggingface_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME")
         or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
         "embedded_model": _safe(_embedded_model),
+        "flash_attention": "off by default, as in llama_cpp.Llama (--flash-attn on|auto, flash_attn=True|None)",
+        "batch_invariance": _safe(lambda: batch_invariance(native.system_info())),
     }
     out["verdict"] = verdict(out)
     return out
@@ -103,13 +122,18 @@ def lines(r: dict) -> list[str]:
     model = r["embedded_model"]
     model_text = (f"{model['package']}: {'installed' if model['installed'] else 'not installed'}"
                   if isinstance(model, dict) and "package" in model else show(model))
+    inv = r["batch_invariance"]
+    inv_text = ("no: a verify batch's logits can differ from one-token decoding by the width, through "
+                + "; ".join(inv["switches"]) + f" (greedy speculative output can part from plain at near-ties; "
+                f"measure: {inv['measure']})" if isinstance(inv, dict) and "switches" in inv else show(inv))
     rows = [
         ("specgguf", r["specgguf"]), ("python", r["python"]), ("platform", r["platform"]), ("cpu", r["cpu"]),
         ("llama-cpp-python", f"{r['llama_cpp_python']} ({r['library']})"),
         ("llama.cpp build", " ".join(show(r["system_info"]).split())), ("devices", dev_text),
         ("rpc backend", show(r["rpc_backend"])), ("compiler", show(r["compiler"])), ("amx", amx_text),
         ("eagle3 patches", patch_text), ("cache", r["cache"]), ("profiles", r["profiles"]),
-        ("hugging face cache", r["huggingface_cache"]), ("embedded model", model_text), ("verdict", r["verdict"]),
+        ("hugging face cache", r["huggingface_cache"]), ("embedded model", model_text),
+        ("flash attention", r["flash_attention"]), ("batch invariance", inv_text), ("verdict", r["verdict"]),
     ]
     width = max(len(k) for k, _ in rows)
     return [f"{k.ljust(width)}  {v}" for k, v in rows]
