@@ -41,11 +41,11 @@ def batch_invariance(system_info: str) -> dict:
     flags = {k.strip(): v.strip() for k, _, v in (part.partition("=") for part in system_info.split("|"))}
     switches = []
     if flags.get("LLAMAFILE") == "1":
-        switches.append("llamafile sgemm from 2 rows (attention with flash attention off; Q8_0/Q5_0/Q4_0 weights)")
+        switches.append("llamafile sgemm (matmuls of 2+ rows; a one-token decode takes ggml's dot products)")
     if flags.get("REPACK") == "1":
         switches.append("CPU repack gemm in groups of 4 rows (off with use_extra_bufts=false)")
     if os.environ.get("GGML_CPU_TILED_MM", "1") != "0":
-        switches.append("tiled K-quant matmul from 8 rows (off with GGML_CPU_TILED_MM=0)")
+        switches.append("tiled K-quant matmul (gated at 8 rows; off with GGML_CPU_TILED_MM=0)")
     switches.append("flash attention: split KV for one query past 512 cells, tiles from 64 queries")
     return {"known_invariant": False, "switches": switches,
             "measure": "python scripts/width_invariance.py --models TARGET.gguf"}
