@@ -241,6 +241,10 @@ class Generation:
             n = 0
         states = target.saved_states
         if states is not None:
+            if target.kept is not None and n < len(target.kept) - MIN_REUSE:
+                # the live state is about to be cut: keep a copy first (a chat that goes on
+                # never pays for one; switching conversations pays one copy)
+                self._save(target.kept)
             saved, n_saved = states.best(body)
             if saved is not None and n_saved > n:
                 self._restore(saved)
@@ -283,6 +287,8 @@ class Generation:
         states = target.saved_states
         if states is None or not states.wants(tokens):
             return
+        if drafter is not None and drafter.kept != tokens:
+            drafter = None  # its state is of other tokens (a plain run came between): the target's alone
         try:
             state = SavedState(tuple(tokens), target.ctx.state_bytes(), drafter,
                                drafter.save() if drafter is not None else None)
@@ -352,7 +358,6 @@ class Generation:
                     target.kept = list(synced)
                     if drafter is not None:
                         drafter.kept = list(synced)
-                    self._save(synced)
                 else:
                     target.kept = None
                     if drafter is not None:

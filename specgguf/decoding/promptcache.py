@@ -4,9 +4,10 @@ Two levels, as llama_cpp.Llama has them:
 - the live context: the target's KV cache (and the draft's state) keep what the last
   generation read and wrote; the next generation keeps the longest common token prefix and
   decodes only the rest (`plan`);
-- saved states (`StateCache`, optional, bounded in bytes): copies of the caches after a
-  generation, keyed by their tokens, so that alternating between long prompts (two documents,
-  one system prompt for many users) does not re-read either.
+- saved states (`StateCache`, optional, bounded in bytes): copies of the caches, taken when a
+  prompt is about to cut what the live context holds, keyed by their tokens, so that
+  alternating between long prompts (two documents, one system prompt for many users) does not
+  re-read either.
 """
 
 from __future__ import annotations
