@@ -37,9 +37,11 @@ HIDDEN_KINDS = ("eagle3", "dflash", "dspark")  # read the target's layer inputs:
 MIN_REUSE = 32
 
 
-def greedy_ids(ctx, draft, is_eog) -> list[int]:
-    """`verify.greedy` over the target's arg-max of the last decode's rows [id_last, *draft]."""
-    block = ctx.logits_block(len(draft) + 1)
+def greedy_ids(ctx, draft, is_eog, block=None) -> list[int]:
+    """`verify.greedy` over the target's arg-max of the last decode's rows [id_last, *draft]
+    (`block`: those rows, when the caller has them already)."""
+    if block is None:
+        block = ctx.logits_block(len(draft) + 1)
     step = max(1, ROW_SCAN // ctx.n_vocab)
     if step > len(draft):
         return accept_greedy(block.argmax(axis=1).tolist().__getitem__, draft, is_eog)
@@ -184,6 +186,8 @@ class Generation:
         # draft_limit(draft) -> how many of the draft's tokens can still be output (a stop
         # string ends the generation: textstream.TextStream.useful_draft); None: all
         self.draft_limit = None
+        # a trace.RoundTrace: per-phase Python time of every round (scripts/gpu_check.py --trace)
+        self.trace = None
         self._it = self._run()
 
     def __iter__(self) -> Iterator[int]:
@@ -384,9 +388,14 @@ class Generation:
         history = self.prompt[:-1]  # tokens in the target's KV cache
         self._synced = history
         id_last, pos0 = self.prompt[-1], len(self.prompt) - 1
+        tr = self.trace
+        if tr is not None:
+            tr.start()
         t_start = clock()
         try:
             while True:
+                if tr is not None:
+                    tr.mark("bookkeeping")  # the last round's yields, this round's checks
                 left = self.max_tokens - stats.generated_tokens
                 if left <= 0:
                     self.finish_reason = "length"
@@ -430,23 +439,37 @@ class Generation:
                 if drafter is not None:
                     drafter.rollback(pos0)
                 t1 = clock()
+                if tr is not None:
+                    tr.mark("draft")
                 # verify [id_last, d1..dn] in one target pass, every position with logits
                 verify = [id_last, *draft]
                 batch.clear().add_tokens(verify, pos0, "all")
+                if tr is not None:
+                    tr.mark("batch")
                 ctx.decode(batch)
+                if tr is not None:
+                    tr.mark("decode")
                 if self.sampler is None and self.constraint is None:
-                    ids = greedy_ids(ctx, draft, model.is_eog)
+                    block = ctx.logits_block(len(verify))
+                    if tr is not None:
+                        tr.mark("logits")
+                    ids = greedy_ids(ctx, draft, model.is_eog, block)
                 else:
+                    if tr is not None:
+                        tr.mark("logits")  # sampled rules read their rows inside _verify
                     ids = self._verify(history, id_last, draft, qs)
                 t2 = clock()
+                if tr is not None:
+                    tr.mark("verify")
                 if self.on_verified is not None:
                     self.on_verified(ctx, ids)
-                if drafter is not None:
-                    drafter.process(verify, pos0)
                 k = len(ids) - 1
                 if drafter is not None:
+                    drafter.process(verify, pos0)
                     drafter.accept(k)
                     drafter.rollback(pos0 + k + 1)
+                if tr is not None:
+                    tr.mark("process")
                 ctx.seq_rm(pos0 + k + 1)
                 t3 = clock()
                 stats.draft_s += (t1 - t0) + (t3 - t2)
@@ -470,6 +493,8 @@ class Generation:
                     yield tok
         finally:
             stats.decode_s = clock() - t_start
+            if tr is not None:
+                tr.stop()
             if self.finish_reason is None:
                 self.finish_reason = "stop"
             if engine.profile is not None:
