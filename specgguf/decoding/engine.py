@@ -250,7 +250,7 @@ class Generation:
                 # never pays for one; switching conversations pays one copy)
                 self._save(target.kept)
             saved, n_saved = states.best(body)
-            if saved is not None and n_saved > n:
+            if saved is not None and n_saved > n and n_saved >= MIN_REUSE:
                 self._restore(saved)
                 n = n_saved
         target.kept = None  # until the caches are consistent again (_run)
