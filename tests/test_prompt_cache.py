@@ -179,6 +179,9 @@ def test_saved_states_serve_alternating_prompts(qwen3_target, qwen3_draft):
             assert [r.stats.cached_tokens for r in again] == [len(a), len(b)]
             for p, r in zip((a, b), again):
                 assert r.tokens == _fresh(qwen3_target, draft, p + [2], draft_max=4).tokens
+            # a saved state that shares fewer than MIN_REUSE tokens is not worth loading
+            short = llm.generate(a[:MIN_REUSE - 5] + [402] * 40, max_tokens=N)
+            assert short.stats.cached_tokens == 0
         with SpecGGUF(str(qwen3_target), draft=draft, draft_max=4, n_ctx=512) as llm:
             for p in (a, b, a):
                 r = llm.generate(p + [1], max_tokens=N)
