@@ -400,7 +400,11 @@ def test_health_stays_fast_while_heavy_work_runs(server):
         done.wait(60)
         assert result["status"] == 200, (path, result)
         assert latencies, "the request finished before /health was asked"
-        assert max(latencies) < 0.1, (path, sorted(latencies)[-5:])
+        # blocking work on the event loop shows as every /health asked meanwhile waiting (2.9 s
+        # before); on a 2-core machine the OS alone may hold one answer back now and then, so one
+        # sample in 20 may pass 100 ms, none 500 ms
+        slow = [x for x in latencies if x >= 0.1]
+        assert len(slow) <= max(1, len(latencies) // 20) and max(latencies) < 0.5, (path, sorted(latencies)[-5:])
 
 
 # -- the Python API ------------------------------------------------------------------------------
