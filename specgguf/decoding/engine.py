@@ -45,6 +45,15 @@ def greedy_ids(ctx, draft, is_eog, block=None) -> list[int]:
     step = max(1, ROW_SCAN // ctx.n_vocab)
     if step > len(draft):
         return accept_greedy(block.argmax(axis=1).tolist().__getitem__, draft, is_eog)
+    if step == 1:  # verify.greedy inlined, a row at a time: no slice, list or closure per row
+        ids: list[int] = []
+        n = len(draft)
+        for i in range(n + 1):
+            tok = int(block[i].argmax())
+            ids.append(tok)
+            if i == n or tok != draft[i] or is_eog(tok):
+                break
+        return ids
     top: list[int] = []
 
     def argmax_at(i: int) -> int:

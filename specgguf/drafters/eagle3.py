@@ -62,11 +62,9 @@ class Eagle3Drafter(HiddenStateDrafter):
         for start in range(0, len(feats), ctx.n_ubatch):
             chunk = feats[start:start + ctx.n_ubatch]
             pos = ctx.pos_max() + 1
-            b.clear()
-            for j, row in enumerate(chunk):
-                b.add_embedding(row, pos + j, True)
+            b.clear().add_embeddings(chunk, pos, True)
             ctx.encode(b)
-            out[start:start + len(chunk)] = ctx.embeddings_nextn(len(chunk), self.n_embd_dec)
+            out[start:start + len(chunk)] = ctx.embeddings_nextn(len(chunk), self.n_embd_dec, copy=False)
         return out
 
     def process(self, tokens, pos0: int) -> None:
@@ -76,8 +74,8 @@ class Eagle3Drafter(HiddenStateDrafter):
         b.clear()
         if self.pending_pos >= 0 and self.pending_pos + 1 == pos0 and self.pending_pos > ctx.pos_max():
             b.add_embedding(self.pending_g, self.pending_pos, token=tokens[0])  # the bridge
-        for k in range(n - 1):
-            b.add_embedding(g[k], pos0 + k, token=tokens[k + 1])
+        if n > 1:
+            b.add_embeddings(g[:n - 1], pos0, tokens=tokens[1:])
         if b.n_tokens:
             ctx.decode(b)
         self.verify_pos_first, self.pending_pos = pos0, pos0 + n - 1
@@ -98,7 +96,7 @@ class Eagle3Drafter(HiddenStateDrafter):
             p_tok = top10_prob(logits, tok) if scored else 1.0
             if self.p_min > 0 and p_tok < self.p_min:
                 break
-            h = ctx.embeddings_nextn_ith(0, self.n_embd_dec)
+            h = ctx.embeddings_nextn_ith(0, self.n_embd_dec, copy=False)  # added to the batch before the next decode
             out.append(tok)
             conf.append(p_tok)
             if not self.keep_drafting(conf, n_max):

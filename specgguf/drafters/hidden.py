@@ -36,9 +36,16 @@ class HiddenStateDrafter(Drafter):
 
     def features(self, n_rows: int) -> np.ndarray:
         """[n_rows, K * n_embd_target]: the target layer inputs of the last target decode,
-        one row per batch entry, layers side by side in the draft's order."""
+        one row per batch entry, layers side by side in the draft's order. One copy, from
+        llama.cpp's buffers into a buffer this drafter reuses: valid until the next call."""
         tctx = self.target.ctx
-        return np.concatenate([tctx.layer_input(lid, n_rows) for lid in self.layer_ids], axis=1)
+        width = len(self.layer_ids) * tctx.model.n_embd
+        buf = getattr(self, "_features", None)
+        if buf is None or len(buf) < n_rows:
+            buf = self._features = np.empty((max(n_rows, 64), width), dtype=np.float32)
+        out = buf[:n_rows]
+        np.concatenate([tctx.layer_input_view(lid, n_rows) for lid in self.layer_ids], axis=1, out=out)
+        return out
 
     def describe(self) -> str:
         return (f"{self.kind} draft {self.info.path.name} reading target layers {self.layer_ids}"

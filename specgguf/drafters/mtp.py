@@ -66,7 +66,7 @@ class MTPDrafter(Drafter):
         return True
 
     def process(self, tokens, pos0: int) -> None:
-        self.rows = self.target.ctx.embeddings_nextn(len(tokens), self.width).copy()
+        self.rows = self.target.ctx.embeddings_nextn(len(tokens), self.width)  # a copy: kept past the next decode
         self.pending = self.rows[-1]
 
     def accept(self, n_accepted: int) -> None:
@@ -77,20 +77,21 @@ class MTPDrafter(Drafter):
         out: list[int] = []
         self.last_confidence = conf = []
         tok, h = id_last, self.pending
+        scored = self.p_min > 0 or self.chooser is not None  # a top-10 softmax is a vocabulary scan
         while len(out) < n_max:
             b.clear()
             b.add_embedding(h, pos0, output=True, token=tok)
             ctx.decode(b)
             logits = ctx.logits(0)
             tok = int(logits.argmax())
-            p_tok = top10_prob(logits, tok)
+            p_tok = top10_prob(logits, tok) if scored else 1.0
             if p_tok < self.p_min:
                 break
             out.append(tok)
             conf.append(p_tok)
             if not self.keep_drafting(conf, n_max):
                 break
-            h = ctx.embeddings_nextn_ith(0, self.width).copy()
+            h = ctx.embeddings_nextn_ith(0, self.width, copy=False)  # added to the batch before the next decode
         if len(out) < self.n_min:
             self.last_confidence = out = []
         return out

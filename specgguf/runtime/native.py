@@ -115,6 +115,28 @@ class _Ext:
 
 ext = _Ext()
 
+
+class _Embd(ctypes.Structure):
+    """`struct llama_embd` with its data pointer as a plain address, so that a row of a numpy
+    array is passed without building a ctypes pointer object per row."""
+    _fields_ = [("data", ctypes.c_void_p), ("n_rows", ctypes.c_size_t), ("n_embd", ctypes.c_size_t)]
+
+
+def _fast(name: str, argtypes, restype):
+    """A private function object for `name` (llama-cpp-python's keeps its own argtypes) taking
+    plain integers where it can: the per-token batch calls of every round go through these."""
+    fn = _lib[name]
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+_VP, _I32 = ctypes.c_void_p, ctypes.c_int32
+_batch_add_token = _fast("llama_batch_ext_add_token", [_VP, _I32, _I32], _I32)
+_batch_add_embd = _fast("llama_batch_ext_add_embd", [_VP, _I32, _Embd], _I32)
+_batch_set_embd_token = _fast("llama_batch_ext_set_embd_token", [_VP, _I32, _Embd], ctypes.c_bool)
+_batch_set_pos = _fast("llama_batch_ext_set_pos", [_VP, _I32, _VP], ctypes.c_bool)  # const llama_pos *
+_batch_set_output = _fast("llama_batch_ext_set_output_logits", [_VP, _I32, ctypes.c_bool], ctypes.c_bool)
+
 # --------------------------------------------------------------------------------------
 # Owned handles
 # --------------------------------------------------------------------------------------
@@ -453,12 +475,30 @@ class Context(_Owned):
 
     def layer_input(self, layer: int, n_rows: int) -> np.ndarray:
         """The last decode's inputs of `layer`, one row per batch entry (a copy)."""
+        return self.layer_input_view(layer, n_rows).copy()
+
+    def layer_input_view(self, layer: int, n_rows: int) -> np.ndarray:
+        """The last decode's inputs of `layer` as a view of llama.cpp's buffer (valid until the
+        next decode): what a caller that copies them elsewhere anyway reads."""
         if layer not in self._layer_inp:
             raise LlamaError(f"layer {layer} input was not enabled")  # else llama.cpp aborts
         ptr = ext.get_embeddings_layer_inp(self.ptr, layer)
         if not ptr:
             raise LlamaError(f"no layer input for layer {layer}")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd)).copy()
+        return self._view(ptr, n_rows, self.model.n_embd)
+
+    def _view(self, ptr, n_rows: int, width: int) -> np.ndarray:
+        """[n_rows, width] float32 rows at `ptr`, a view; views are kept per address and width
+        (np.ctypeslib.as_array costs a few us each time) and widened when more rows are asked for."""
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        views = self.__dict__.setdefault("_views", {})
+        view = views.get((addr, width))
+        if view is None or len(view) < n_rows:
+            if len(views) > 64:
+                views.clear()
+            buf = (ctypes.c_float * (int(n_rows) * int(width))).from_address(addr)
+            view = views[(addr, width)] = np.frombuffer(buf, dtype=np.float32).reshape(int(n_rows), int(width))
+        return view[:n_rows]
 
     def set_causal(self, causal: bool) -> None:
         C.llama_set_causal_attn(self.ptr, causal)
@@ -466,17 +506,21 @@ class Context(_Owned):
     def set_embeddings_nextn(self, value: bool, masked: bool = False) -> None:
         ext.set_embeddings_nextn(self.ptr, value, masked)
 
-    def embeddings_nextn_ith(self, i: int, width: int) -> np.ndarray:
+    def embeddings_nextn_ith(self, i: int, width: int, copy: bool = True) -> np.ndarray:
+        """copy=False: a view, valid until the next decode."""
         ptr = ext.get_embeddings_nextn_ith(self.ptr, i)
         if not ptr:
             raise LlamaError(f"no nextn embedding for batch entry {i}")
-        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+        row = self._view(ptr, 1, width)[0]
+        return row.copy() if copy else row
 
-    def embeddings_nextn(self, n_rows: int, width: int) -> np.ndarray:
+    def embeddings_nextn(self, n_rows: int, width: int, copy: bool = True) -> np.ndarray:
+        """copy=False: a view, valid until the next decode."""
         ptr = ext.get_embeddings_nextn(self.ptr)
         if not ptr:
             raise LlamaError("no nextn embeddings")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, width)).copy()
+        rows = self._view(ptr, n_rows, width)
+        return rows.copy() if copy else rows
 
     def ctx_other(self):
         return ext.get_ctx_other(self.ptr)
@@ -504,6 +548,8 @@ class Batch(_Owned):
         self.capacity = ctx.n_batch
         self.n_tokens = self.n_outputs = 0
         self._pos = (C.llama_pos * 4)()
+        self._pos_addr = ctypes.addressof(self._pos)
+        self._embd = _Embd(None, 1, 0)  # reused for every embedding row
 
     def _free(self, ptr):
         C.llama_batch_ext_free(ptr)
@@ -527,27 +573,56 @@ class Batch(_Owned):
         return i
 
     def add_tokens(self, tokens, pos0: int, outputs: str = "none") -> None:
-        """Add tokens at consecutive positions; outputs: 'none', 'last' or 'all'."""
-        last = len(tokens) - 1
+        """Add tokens at consecutive positions; outputs: 'none', 'last' or 'all'. The batch is
+        opaque in the C API (one call per entry and field), so this is three plain-integer calls
+        per token and nothing else."""
+        ptr, pos, addr = self.ptr, self._pos, self._pos_addr
+        add, set_pos, set_output = _batch_add_token, _batch_set_pos, _batch_set_output
+        out_from = 0 if outputs == "all" else len(tokens) - 1 if outputs == "last" else len(tokens)
         for j, tok in enumerate(tokens):
-            self.add_token(tok, pos0 + j, outputs == "all" or (outputs == "last" and j == last))
+            i = add(ptr, 0, tok)
+            if i < 0:
+                raise LlamaError(_ADD_ERRORS.get(i, f"could not add token {tok} ({i})").format(token=tok))
+            pos[0] = pos0 + j
+            set_pos(ptr, i, addr)
+            if j >= out_from:
+                set_output(ptr, i, True)
+                self.n_outputs += 1
+            self.n_tokens += 1
 
     def add_embedding(self, row: np.ndarray, pos: int, output: bool = False, token: int | None = None) -> int:
         """Add an entry carrying an embedding row (and optionally a token id as well)."""
         row = np.ascontiguousarray(row, dtype=np.float32)
-        embd = C.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.size)
+        return self._add_embd(row.ctypes.data, row.size, pos, output, token)
+
+    def add_embeddings(self, rows: np.ndarray, pos0: int, output: bool = False, tokens=None) -> None:
+        """One entry per row of `rows` at positions pos0, pos0 + 1, ... (with tokens[j] as
+        well when tokens are given): add_embedding for each row, without a numpy row object
+        per entry (batch reads the rows when they are added)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if rows.ndim != 2:
+            raise ValueError("rows must be a 2-D array")
+        base, stride, width = rows.ctypes.data, rows.strides[0], rows.shape[1]
+        for j in range(len(rows)):
+            self._add_embd(base + j * stride, width, pos0 + j, output, None if tokens is None else tokens[j])
+
+    def _add_embd(self, addr: int, width: int, pos: int, output: bool, token: int | None) -> int:
+        ptr, embd = self.ptr, self._embd
+        embd.data, embd.n_embd = addr, width
         if token is None:
-            i = C.llama_batch_ext_add_embd(self.ptr, 0, embd)
+            i = _batch_add_embd(ptr, 0, embd)
         else:
-            i = C.llama_batch_ext_add_token(self.ptr, 0, token)
-            if i >= 0 and not C.llama_batch_ext_set_embd_token(self.ptr, i, embd):
-                raise LlamaError(f"embedding of width {row.size} rejected by the batch")
+            i = _batch_add_token(ptr, 0, token)
+            if i >= 0 and not _batch_set_embd_token(ptr, i, embd):
+                raise LlamaError(f"embedding of width {width} rejected by the batch")
         if i < 0:
             raise LlamaError(_ADD_ERRORS.get(i, f"could not add embedding ({i})").format(token=token))
-        self._pos[:] = [pos, pos, pos, 0]  # M-RoPE drafts read 4 positions per embedding
-        C.llama_batch_ext_set_pos(self.ptr, i, self._pos)
+        p = self._pos
+        p[0] = p[1] = p[2] = pos  # M-RoPE drafts read 4 positions per embedding
+        p[3] = 0
+        _batch_set_pos(ptr, i, self._pos_addr)
         if output:
-            C.llama_batch_ext_set_output_logits(self.ptr, i, True)
+            _batch_set_output(ptr, i, True)
             self.n_outputs += 1
         self.n_tokens += 1
         return i
