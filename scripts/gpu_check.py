@@ -11,13 +11,24 @@ target's embeddings and head shared). --small shrinks the widths and depths, nev
 vocabulary. Random weights measure costs; acceptance is whatever such models give, identical
 on both sides of each comparison.
 
+Also written, at the same shapes and Q8_0: a DFlash draft (the DSpark layout without the Markov
+and confidence heads) and a 3-layer EAGLE-3 draft sharing the target's embeddings and head.
+
 Measured, greedy, both sides on the same libllama:
   plain      specgguf tokens/s without a draft
   verify     ms per target batch of width 1..64 (the verify-cost curve)
-  ngram      specgguf prompt lookup vs llama-speculative-simple --spec-type ngram-simple
-  dspark     specgguf vs llama-speculative-simple --spec-type draft-dspark, same draft file
+  ngram      specgguf prompt lookup (n-grams of exactly NGRAM_N tokens) vs llama-speculative-simple
+             --spec-type ngram-simple --spec-ngram-simple-size-n NGRAM_N: equal work (its default
+             size_n = 12 drafts nothing on this prompt); drafted tokens of both sides are shown
+  suffix     specgguf's suffix lookup (no C++ counterpart)
+  dspark     vs --spec-type draft-dspark, same draft file
+  dflash     vs --spec-type draft-dflash, same draft file
+  eagle3     vs --spec-type draft-eagle3, same draft file
+  hybrid     suffix + the dspark draft (no C++ counterpart)
 per fixed draft length: tokens/s of each side, their ratio, acceptance, and the Python time
-per round (time outside llama_process per round, in microseconds).
+per round (time outside llama_process per round, in microseconds). --trace adds the Python
+time per round by phase (specgguf.decoding.trace: wall and thread CPU time, llama_process
+excluded) to every row, printed as a second table and saved in the JSON as `trace`.
 """
 
 from __future__ import annotations
@@ -43,12 +54,15 @@ from specgguf.drafters import make_drafter  # noqa: E402
 from specgguf.decoding.engine import Engine  # noqa: E402
 from specgguf.synthetic.qwen3 import SPECIALS, finish_gguf, train_bpe  # noqa: E402
 from specgguf.runtime.target import Target  # noqa: E402
+from specgguf.decoding import trace as round_trace  # noqa: E402
 
 N_VOCAB = 151936  # Qwen3's
 FULL = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288,
-            draft_layers=5, target_layers=(2, 10, 18, 26, 34), markov_rank=256)
+            draft_layers=5, target_layers=(2, 10, 18, 26, 34), markov_rank=256, eagle3_layers=(2, 18, 33))
 SMALL = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
-             draft_layers=1, target_layers=(1, 2, 3), markov_rank=32)
+             draft_layers=1, target_layers=(1, 2, 3), markov_rank=32, eagle3_layers=(1, 2, 3))
+KINDS = ("ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid")
+NGRAM_N = 3  # n-gram length of both sides' lookups (ours: ngram_min = ngram_max)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 PROMPT = ("Copy the list exactly.\n1. red green blue\n2. one two three\n3. alpha beta gamma\n"
           "1. red green blue\n2. one two three\n3. alpha beta gamma\n1. red green blue\n2. one")
@@ -147,27 +161,58 @@ def write_target(path: Path, s: dict, seed: int = 0) -> Path:
     return finish_gguf(w, t, path)
 
 
-def write_dspark(path: Path, s: dict, seed: int = 1) -> Path:
-    """DeepSpec's DSpark layout as `specgguf convert --head shared` writes it (docs/gguf-formats.md)."""
+def write_dspark(path: Path, s: dict, seed: int = 1, markov: bool = True, block: int = 16) -> Path:
+    """DeepSpec's DSpark layout as `specgguf convert --head shared` writes it (docs/gguf-formats.md);
+    markov=False: its DFlash sibling (no Markov or confidence head). The block is 16 slots (DeepSpec
+    trains 7): draft lengths up to 16 are measured."""
     import gguf
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "dflash")
-    w.add_name("synthetic-dspark-8b-shape")
+    w.add_name(f"synthetic-{'dspark' if markov else 'dflash'}-8b-shape")
     _common_keys(w, s, s["draft_layers"])
     w.add_file_type(7)  # MOSTLY_Q8_0
     w.add_array("dflash.target_layers", list(s["target_layers"]))
-    w.add_uint32("dflash.block_size", 7)
+    w.add_uint32("dflash.block_size", block)
     w.add_bool("dflash.sample_from_anchor", True)
-    w.add_bool("dflash.has_confidence_head", True)
     H, R, K = s["n_embd"], s["markov_rank"], len(s["target_layers"])
     t = {"fc.weight": _q8_0(rng, H, K * H, (K * H) ** -0.5), "enc.output_norm.weight": np.ones(H, np.float32),
-         "output_norm.weight": np.ones(H, np.float32),
-         "markov_w1.weight": rng.standard_normal((N_VOCAB, R)).astype(np.float16),
-         "markov_w2.weight": (rng.standard_normal((N_VOCAB, R)) * R ** -0.5).astype(np.float16),
-         "conf_proj.weight": (rng.standard_normal((1, H + R)) * (H + R) ** -0.5).astype(np.float32),
-         "conf_proj.bias": np.array([0.5], np.float32)}
+         "output_norm.weight": np.ones(H, np.float32)}
+    if markov:
+        w.add_bool("dflash.has_confidence_head", True)
+        t.update({"markov_w1.weight": rng.standard_normal((N_VOCAB, R)).astype(np.float16),
+                  "markov_w2.weight": (rng.standard_normal((N_VOCAB, R)) * R ** -0.5).astype(np.float16),
+                  "conf_proj.weight": (rng.standard_normal((1, H + R)) * (H + R) ** -0.5).astype(np.float32),
+                  "conf_proj.bias": np.array([0.5], np.float32)})
     _layers(t, rng, s, s["draft_layers"], _q8_0)
+    return finish_gguf(w, t, path)
+
+
+def write_eagle3(path: Path, s: dict, seed: int = 2) -> Path:
+    """A classic 3-layer EAGLE-3 head (llama.cpp's `eagle3` arch, stock loader) of the target's width,
+    one decoder layer, Q8_0, the target's embeddings and head borrowed through ctx_other."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_name("synthetic-eagle3-8b-shape")
+    _common_keys(w, s, 1)
+    w.add_file_type(7)
+    w.add_rope_dimension_count(s["head_dim"])
+    layers = list(s["eagle3_layers"])
+    H, hd, I = s["n_embd"], s["head_dim"], s["n_ff"]
+    w.add_array("eagle3.target_layers", layers)
+    w.add_uint32("eagle3.target_hidden_size", H)
+    w.add_bool("eagle3.norm_before_residual", False)
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    t = {"fc.weight": _q8_0(rng, H, len(layers) * H, (len(layers) * H) ** -0.5), "output_norm.weight": ones(H),
+         "blk.0.attn_norm.weight": ones(H), "blk.0.attn_norm_2.weight": ones(H), "blk.0.ffn_norm.weight": ones(H),
+         "blk.0.attn_q.weight": _q8_0(rng, s["n_head"] * hd, 2 * H, (2 * H) ** -0.5),
+         "blk.0.attn_k.weight": _q8_0(rng, s["n_head_kv"] * hd, 2 * H, (2 * H) ** -0.5),
+         "blk.0.attn_v.weight": _q8_0(rng, s["n_head_kv"] * hd, 2 * H, (2 * H) ** -0.5),
+         "blk.0.attn_output.weight": _q8_0(rng, H, s["n_head"] * hd, (s["n_head"] * hd) ** -0.5),
+         "blk.0.ffn_gate.weight": _q8_0(rng, I, H, H ** -0.5), "blk.0.ffn_up.weight": _q8_0(rng, I, H, H ** -0.5),
+         "blk.0.ffn_down.weight": _q8_0(rng, H, I, I ** -0.5)}
     return finish_gguf(w, t, path)
 
 
@@ -196,17 +241,66 @@ class DecodeTimer:
         native.Context.decode = self._orig
 
 
-def run_ours(target, drafter, n: int, tokens, max_tokens: int) -> dict:
+def run_ours(target, drafter, n: int, tokens, max_tokens: int, trace: bool = False) -> dict:
+    """One greedy generation; trace=True adds the per-phase breakdown (`trace`), which costs
+    the clocks' reads (a few us a round), so timed rows run without it."""
+    tr = round_trace.RoundTrace() if trace else None
     with DecodeTimer() as timer:
         gen = Engine(target, drafter, n).generate(tokens, max_tokens)
-        for _ in gen:
-            pass
+        gen.trace = tr
+        if tr is None:
+            for _ in gen:
+                pass
+        else:
+            with round_trace.timing_process(native.Context, tr):
+                for _ in gen:
+                    pass
     s = gen.stats
     rounds = max(s.rounds, 1)
-    return {"tokens": s.generated_tokens, "rounds": s.rounds, "decode_s": s.decode_s,
-            "tokens_per_second": s.generated_tokens / s.decode_s if s.decode_s > 0 else 0.0,
-            "accept": s.accepted / s.drafted if s.drafted else 0.0,
-            "python_us_per_round": 1e6 * max(s.decode_s - (timer.seconds - s.prefill_s), 0.0) / rounds}
+    out = {"tokens": s.generated_tokens, "rounds": s.rounds, "decode_s": s.decode_s, "drafted": s.drafted,
+           "tokens_per_second": s.generated_tokens / s.decode_s if s.decode_s > 0 else 0.0,
+           "accept": s.accepted / s.drafted if s.drafted else 0.0,
+           "python_us_per_round": 1e6 * max(s.decode_s - (timer.seconds - s.prefill_s), 0.0) / rounds}
+    if tr is not None:
+        out["trace"] = tr.per_round_us()
+    return out
+
+
+def gemma_rows(args, lengths) -> dict:
+    """Plain and ngram rounds, traced, on the embedded Gemma 3 270M (Q4_K_M, 262144 tokens): the
+    loop's Python cost at the widest vocabulary specgguf ships with (specgguf's side only)."""
+    from specgguf.runtime.defaults import default_target
+
+    path = default_target()
+    target = Target(path, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    try:
+        tokens = target.tokenize(PROMPT)
+        out = {"model": path.name, "n_vocab": target.model.n_vocab, "rows": []}
+        run_ours(target, None, 1, tokens, 8)  # warm-up
+        runs = [run_ours(target, None, 1, tokens, args.tokens, trace=True) for _ in range(args.repeat)]
+        out["rows"].append({"kind": "plain", "draft_max": 0, "trace": best_trace(runs),
+                            "tokens_per_second": max(r["tokens_per_second"] for r in runs)})
+        drafter = make_drafter("ngram", target, draft_max=max(lengths), ngram_min=NGRAM_N, ngram_max=NGRAM_N)
+        for n in lengths:
+            runs = [run_ours(target, drafter, n, tokens, args.tokens, trace=True) for _ in range(args.repeat)]
+            out["rows"].append({"kind": "ngram", "draft_max": n, "trace": best_trace(runs),
+                                "tokens_per_second": max(r["tokens_per_second"] for r in runs),
+                                "accept": runs[0]["accept"], "drafted": runs[0]["drafted"]})
+            print(f"  gemma ngram n={n} traced", file=sys.stderr, flush=True)
+        return out
+    finally:
+        target.close()
+
+
+def best_trace(runs: list[dict]) -> dict:
+    """Per phase, the least of several traced runs (wall and CPU alike): the run least disturbed
+    by other processes on a shared machine sets each figure."""
+    first = runs[0]["trace"]
+    out = dict(first)
+    for clock in ("wall", "cpu"):
+        out[clock] = {p: min(r["trace"][clock][p] for r in runs) for p in round_trace.PHASES}
+        out[clock]["python"] = min(r["trace"][clock]["python"] for r in runs)
+    return out
 
 
 def verify_curve(target, tokens, widths, repeats: int) -> dict:
@@ -236,16 +330,22 @@ def main() -> int:
     ap.add_argument("--gpu-layers", type=int, default=99)
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
     ap.add_argument("--tokens", type=int, default=None, help="tokens per run (default 128; --small: 24)")
-    ap.add_argument("--lengths", default=None, help="draft lengths (default 2,4,8; --small: 4)")
+    ap.add_argument("--lengths", default=None, help="draft lengths (default 4,8,16; --small: 4,16)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per setting, best counts (default 2; --small: 1)")
     ap.add_argument("--build-seconds", type=float, default=None, help="recorded in the JSON (gpu_check.sh)")
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"draft kinds to measure (default {','.join(KINDS)})")
+    ap.add_argument("--trace", action="store_true",
+                    help="per-round Python time by phase (wall and thread CPU), in the table and the JSON")
+    ap.add_argument("--no-cpp", action="store_true", help="skip the C++ loop (specgguf's side only)")
+    ap.add_argument("--gemma", action="store_true",
+                    help="also trace plain and ngram rounds on the embedded Gemma (262k vocabulary; specgguf only)")
     ap.add_argument("--out", default="bench/gpu_check.json")
     ap.add_argument("--backend", default="cuda", help="label for the table (the build decides)")
     args = ap.parse_args()
     shape = SMALL if args.small else FULL
     args.tokens = args.tokens or (24 if args.small else 128)
-    args.lengths = args.lengths or ("4" if args.small else "2,4,8")
+    args.lengths = args.lengths or ("4,16" if args.small else "4,8,16")
     args.repeat = args.repeat or (1 if args.small else 2)
     lengths = [int(x) for x in args.lengths.split(",")]
     work = Path(tempfile.mkdtemp(prefix="specgguf-gpucheck-"))
@@ -254,11 +354,24 @@ def main() -> int:
               "n_vocab": N_VOCAB, "tokens": args.tokens, "threads": args.threads, "gpu_layers": args.gpu_layers,
               "library": native.library_path(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
               "timings_s": {"build": args.build_seconds}, "rows": []}
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        ap.error(f"unknown --kinds {unknown}; use some of {','.join(KINDS)}")
+    result["kinds"], result["traced"] = kinds, args.trace
     t0 = time.perf_counter()
-    tpath, dpath = write_target(work / "target-q4_k_m.gguf", shape), write_dspark(work / "dspark-q8_0.gguf", shape)
+    tpath = write_target(work / "target-q4_k_m.gguf", shape)
+    drafts = {}
+    if {"dspark", "hybrid"} & set(kinds):
+        drafts["dspark"] = write_dspark(work / "dspark-q8_0.gguf", shape)
+    if "dflash" in kinds:
+        drafts["dflash"] = write_dspark(work / "dflash-q8_0.gguf", shape, seed=3, markov=False)
+    if "eagle3" in kinds:
+        drafts["eagle3"] = write_eagle3(work / "eagle3-q8_0.gguf", shape)
     result["timings_s"]["write_models"] = time.perf_counter() - t0
-    result["model_mb"] = {"target": tpath.stat().st_size / 1e6, "draft": dpath.stat().st_size / 1e6}
-    print(f"models: target {result['model_mb']['target']:.0f} MB, draft {result['model_mb']['draft']:.0f} MB "
+    result["model_mb"] = {"target": tpath.stat().st_size / 1e6,
+                          **{k: p.stat().st_size / 1e6 for k, p in drafts.items()}}
+    print(f"models: {', '.join(f'{k} {mb:.0f} MB' for k, mb in result['model_mb'].items())} "
           f"in {result['timings_s']['write_models']:.1f} s", file=sys.stderr, flush=True)
     try:
         t0 = time.perf_counter()
@@ -271,42 +384,69 @@ def main() -> int:
                     key=lambda r: r["tokens_per_second"])
         result["plain_tokens_per_second"] = plain["tokens_per_second"]
         result["plain_python_us_per_token"] = plain["python_us_per_round"]
+        if args.trace:
+            result["plain_trace"] = best_trace([run_ours(target, None, 1, tokens, args.tokens, trace=True)
+                                                for _ in range(args.repeat)])
         result["verify_ms"] = verify_curve(target, tokens, WIDTHS, args.repeat)
         gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
-        kinds = [("ngram", "ngram", "ngram-simple", None), ("dspark", str(dpath), "draft-dspark", dpath)]
-        for kind, spec, cpp_type, cpp_draft in kinds:
-            drafter = make_drafter(spec, target, draft_max=max(lengths), n_threads=args.threads)
-            try:
-                for n in lengths:
-                    extra = gpu + (["--spec-ngram-simple-size-m", str(n)] if kind == "ngram" else [])
+        # (kind, our spec, C++ --spec-type or None, C++ draft file)
+        table = {"ngram": ("ngram", "ngram-simple", None), "suffix": ("suffix", None, None),
+                 "dspark": (drafts.get("dspark"), "draft-dspark", drafts.get("dspark")),
+                 "dflash": (drafts.get("dflash"), "draft-dflash", drafts.get("dflash")),
+                 "eagle3": (drafts.get("eagle3"), "draft-eagle3", drafts.get("eagle3")),
+                 "hybrid": (f"suffix+{drafts.get('dspark')}", None, None)}
+        for kind in kinds:
+            spec, cpp_type, cpp_draft = table[kind]
+            if args.no_cpp:
+                cpp_type = None
+            options = dict(ngram_min=NGRAM_N, ngram_max=NGRAM_N) if kind == "ngram" else {}
+            for n in lengths:
+                # a drafter per length: a block drafter's block is its --draft-max, as in the C++ loop
+                drafter = make_drafter(str(spec), target, draft_max=n, n_threads=args.threads, **options)
+                try:
+                    extra = gpu + (["--spec-ngram-simple-size-n", str(NGRAM_N), "--spec-ngram-simple-size-m", str(n)]
+                                   if kind == "ngram" else [])
                     best_cpp = best_ours = None
+                    traces = []
                     for _ in range(args.repeat):
-                        cpp = cpp_baseline.run_speculative_simple(
-                            tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
-                            threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work, extra_args=extra)
-                        if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
-                            best_cpp = cpp
+                        if cpp_type is not None:
+                            cpp = cpp_baseline.run_speculative_simple(
+                                tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
+                                threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work,
+                                extra_args=extra)
+                            if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
+                                best_cpp = cpp
                         ours = run_ours(target, drafter, n, tokens, args.tokens)
                         if best_ours is None or ours["tokens_per_second"] > best_ours["tokens_per_second"]:
                             best_ours = ours
-                    cpp_tps = best_cpp.tokens_per_second
+                        if args.trace:
+                            traces.append(run_ours(target, drafter, n, tokens, args.tokens, trace=True))
+                    cpp_tps = best_cpp.tokens_per_second if best_cpp is not None else None
                     row = {"kind": kind, "draft_max": n, "ours_tokens_per_second": best_ours["tokens_per_second"],
                            "cpp_tokens_per_second": cpp_tps,
                            "ratio": best_ours["tokens_per_second"] / cpp_tps if cpp_tps else None,
                            "ours_accept": best_ours["accept"],
-                           "cpp_accept": best_cpp.n_accept / best_cpp.n_drafted if best_cpp.n_drafted else 0.0,
-                           "ours_rounds": best_ours["rounds"], "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept,
+                           "cpp_accept": (best_cpp.n_accept / best_cpp.n_drafted if best_cpp is not None
+                                          and best_cpp.n_drafted else 0.0),
+                           "ours_drafted": best_ours["drafted"],
+                           "cpp_drafted": best_cpp.n_drafted if best_cpp is not None else None,
+                           "ours_rounds": best_ours["rounds"],
+                           "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept if best_cpp is not None else None,
                            "python_us_per_round": best_ours["python_us_per_round"]}
+                    if traces:
+                        row["trace"] = best_trace(traces)
                     result["rows"].append(row)
-                    print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s, "
-                          f"C++ {cpp_tps:.1f} tok/s", file=sys.stderr, flush=True)
-            finally:
-                drafter.close()
+                    print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s"
+                          + (f", C++ {cpp_tps:.1f} tok/s" if cpp_tps else ""), file=sys.stderr, flush=True)
+                finally:
+                    drafter.close()
         target.close()
     finally:
         for p in work.iterdir():
             p.unlink()
         work.rmdir()
+    if args.gemma:
+        result["gemma"] = gemma_rows(args, lengths)
     _print(result)
     out = Path(args.out) if os.path.isabs(args.out) else ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -318,18 +458,50 @@ def main() -> int:
 def _print(r: dict) -> None:
     s = r["shape"]
     print(f"specgguf gpu_check ({r['backend']}{', small' if r['small'] else ''}): target qwen3 "
-          f"{s['n_layer']}x{s['n_embd']} Q4_K_M, vocab {r['n_vocab']}; dspark {s['draft_layers']} layers Q8_0; "
-          f"{r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; {r['machine']}")
+          f"{s['n_layer']}x{s['n_embd']} Q4_K_M, vocab {r['n_vocab']}; dspark/dflash {s['draft_layers']} layers, "
+          f"eagle3 1 layer, Q8_0; {r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; "
+          f"{r['machine']}")
     print(f"plain: {r['plain_tokens_per_second']:.1f} tok/s (Python {r['plain_python_us_per_token']:.0f} us/token)")
     print("verify ms by width: " + "  ".join(f"{w}:{ms:.2f}" for w, ms in r["verify_ms"].items()))
-    header = f"{'kind':7} {'n':>2} {'ours tok/s':>10} {'C++ tok/s':>10} {'ratio':>6} {'accept ours/C++':>16} {'py us/round':>11}"
+    header = (f"{'kind':7} {'n':>2} {'ours tok/s':>10} {'C++ tok/s':>10} {'ratio':>6} {'accept ours/C++':>16} "
+              f"{'drafted ours/C++':>17} {'py us/round':>11}")
     print(header)
     print("-" * len(header))
     for row in r["rows"]:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
-        print(f"{row['kind']:7} {row['draft_max']:>2} {row['ours_tokens_per_second']:10.1f} "
-              f"{row['cpp_tokens_per_second']:10.1f} {ratio:>6} "
-              f"{100 * row['ours_accept']:7.0f}%/{100 * row['cpp_accept']:3.0f}%    {row['python_us_per_round']:11.0f}")
+        cpp = f"{row['cpp_tokens_per_second']:10.1f}" if row["cpp_tokens_per_second"] else f"{'-':>10}"
+        cpp_acc = f"{100 * row['cpp_accept']:3.0f}%" if row["cpp_tokens_per_second"] else "   -"
+        cpp_dr = f"{row['cpp_drafted']}" if row.get("cpp_drafted") is not None else "-"
+        print(f"{row['kind']:7} {row['draft_max']:>2} {row['ours_tokens_per_second']:10.1f} {cpp} {ratio:>6} "
+              f"{100 * row['ours_accept']:7.0f}%/{cpp_acc}    {row['ours_drafted']:>8}/{cpp_dr:<8} "
+              f"{row['python_us_per_round']:11.0f}")
+    if r.get("traced"):
+        _print_trace(r)
+
+
+def _print_trace(r: dict) -> None:
+    """us of Python per round by phase: thread CPU time (wall time in brackets), llama_process
+    excluded; the clocks' own cost is in each phase (`overhead` per round, all phases)."""
+    phases = round_trace.PHASES
+    short = {"bookkeeping": "books"}
+    names = [short.get(p, p) for p in phases]
+    header = f"{'kind':7} {'n':>2} " + " ".join(f"{p:>11}" for p in names) + f" {'python':>11} {'llama ms':>8}"
+    print("Python us per round by phase, thread CPU [wall] (llama_process excluded; "
+          "thread CPU time is what the Python costs on a busy machine):")
+    print(header)
+    print("-" * len(header))
+    rows = [("plain", 0, r["plain_trace"])] if r.get("plain_trace") else []
+    rows += [(row["kind"], row["draft_max"], row["trace"]) for row in r["rows"] if row.get("trace")]
+    if r.get("gemma"):
+        rows += [(f"g:{row['kind']}", row["draft_max"], row["trace"]) for row in r["gemma"]["rows"]]
+    for kind, n, t in rows:
+        cells = " ".join(f"{t['cpu'][p]:5.0f} [{t['wall'][p]:4.0f}]" for p in phases)
+        print(f"{kind:7} {n:>2} {cells} {t['cpu']['python']:5.0f} [{t['wall']['python']:4.0f}] "
+              f"{t['llama_wall_us'] / 1e3:8.2f}")
+    if rows:
+        print(f"(clock reads: {rows[0][2]['overhead_us']:.1f} us per round in all"
+              + (f"; g: rows are {r['gemma']['model']}, vocabulary {r['gemma']['n_vocab']}" if r.get("gemma") else "")
+              + ")")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 # One command for a GPU machine that starts bare (nvcc, CMake and python3 with numpy, jinja2 and
 # click; no network, no pip): build libllama, llama-speculative-simple and ggml-rpc-server for the
 # local GPU only from the llama.cpp sources gathered beforehand, make real-shaped synthetic models
-# (a Qwen3-8B-shaped Q4_K_M target with the real 151936-token vocabulary, a DeepSpec-shaped DSpark
-# draft) and print one table, also written as JSON: plain tokens/s, specgguf vs C++ tokens/s at
-# fixed draft lengths for ngram and dspark, Python time per round, the verify-cost curve 1..64.
+# (a Qwen3-8B-shaped Q4_K_M target with the real 151936-token vocabulary, DeepSpec-shaped DSpark
+# and DFlash drafts, an EAGLE-3 head) and print one table, also written as JSON: plain tokens/s,
+# specgguf vs C++ tokens/s at fixed draft lengths for ngram, dspark, dflash and eagle3 (suffix and
+# hybrid: specgguf alone), Python time per round, the verify-cost curve 1..64.
 #
 # Before (on a machine with network):  scripts/gather_llama_sources.sh     -> .gpu-carry/ (ignored)
 # There:                                scripts/gpu_check.sh               (CUDA, full shapes)
@@ -12,7 +13,9 @@
 #
 # Options: --cpu (CPU build; it is the C++ tools build of scripts/build_llama_cpp_tools.sh, so a
 # machine that has built it compiles nothing), --small (small widths and depths, the real
-# vocabulary), --out FILE (default bench/gpu_check.json), --tokens N, --lengths 2,4,8, --repeat N.
+# vocabulary), --out FILE (default bench/gpu_check.json), --tokens N, --lengths 4,8,16, --repeat N,
+# --kinds ngram,suffix,dspark,dflash,eagle3,hybrid, --trace (Python us per round by phase, wall and
+# thread CPU time), --no-cpp (specgguf's side only), --gemma (the trace on the embedded 262k-token Gemma too).
 # Env: SPECGGUF_GPU_CARRY (default .gpu-carry), SPECGGUF_BUILD_JOBS (default: all CPUs),
 # CUDA_ARCH (default: the local GPU's, from nvidia-smi), PYTHON (default python3).
 # The build goes to ${XDG_CACHE_HOME:-~/.cache}/specgguf/llama-cpp-tools/0.3.36[-cuda], reused
@@ -27,9 +30,9 @@ PASS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --cpu) CPU=1; shift ;;
-        --small) PASS+=(--small); shift ;;
-        --out|--tokens|--lengths|--repeat|--threads) PASS+=("$1" "$2"); shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        --small|--trace|--no-cpp|--gemma) PASS+=("$1"); shift ;;
+        --out|--tokens|--lengths|--repeat|--threads|--kinds) PASS+=("$1" "$2"); shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -22,7 +22,7 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, CMAKE_ARGS="", SPECGGUF_GPU_CARRY=str(tmp_path / "no-carry"),
                TMPDIR=str(tmp_path))  # the models are written to a temporary folder there
     proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", "--small", "--threads", "2",
-                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+                           "--trace", "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["small"] and r["backend"] == "cpu" and r["n_vocab"] == 151936
@@ -30,10 +30,22 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
     assert r["plain_tokens_per_second"] > 0
     assert [int(w) for w in r["verify_ms"]] == [1, 2, 4, 8, 16, 32, 64]
     assert all(ms > 0 for ms in r["verify_ms"].values())
-    assert {row["kind"] for row in r["rows"]} == {"ngram", "dspark"}
+    assert {row["kind"] for row in r["rows"]} == {"ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid"}
+    assert {row["draft_max"] for row in r["rows"]} == {4, 16}
     for row in r["rows"]:
-        assert row["ours_tokens_per_second"] > 0 and row["cpp_tokens_per_second"] > 0, row
-        assert row["ratio"] > 0 and row["python_us_per_round"] > 0, row
+        assert row["ours_tokens_per_second"] > 0 and row["python_us_per_round"] > 0, row
+        if row["kind"] in ("suffix", "hybrid"):  # no C++ counterpart
+            assert row["cpp_tokens_per_second"] is None and row["ratio"] is None, row
+        else:
+            assert row["cpp_tokens_per_second"] > 0 and row["ratio"] > 0, row
+        # the per-phase breakdown (--trace): every phase, wall and thread CPU time, per round
+        t = row["trace"]
+        assert t["rounds"] > 0 and set(t["cpu"]) == set(t["wall"]) >= {"draft", "batch", "decode", "logits",
+                                                                        "verify", "process", "bookkeeping"}, t
+        assert all(v >= 0 for v in t["cpu"].values()), t
+    ngram = [row for row in r["rows"] if row["kind"] == "ngram"]
+    assert any(row["cpp_drafted"] > 0 for row in ngram), "C++ ngram-simple drafted nothing: unequal work"
     # the printed table carries the same numbers
     assert "ratio" in proc.stdout and "verify ms by width" in proc.stdout and "plain:" in proc.stdout
+    assert "Python us per round by phase" in proc.stdout
     assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"
