@@ -49,7 +49,8 @@ FIX = ("For a build that uses AMX, build llama-cpp-python with GCC >= 13.2 or cl
 _CHILD = """
 import sys
 from llama_cpp import llama_cpp as C
-C.llama_log_set(C.llama_log_callback(lambda *a: None), None)
+quiet = C.llama_log_callback(lambda *a: None)  # kept referenced: a collected callback is a dangling pointer
+C.llama_log_set(quiet, None)
 C.llama_backend_init()
 m = C.llama_model_load_from_file(sys.argv[1].encode(), C.llama_model_default_params())
 if not m:
