@@ -43,6 +43,8 @@ SETTINGS = {
     "no-repack+tiled-forced": {"extra_bufts": False, "flash_attn": 0, "env": {"GGML_CPU_TILED_MM_FORCE": "1"}},
     "fa-on": {"extra_bufts": True, "flash_attn": 1, "env": {}},
     "fa-on+no-repack+no-tiled": {"extra_bufts": False, "flash_attn": 1, "env": {"GGML_CPU_TILED_MM": "0"}},
+    "ref": {"extra_bufts": False, "flash_attn": 1, "env": {}, "ref": True},
+    "ref+fa-off": {"extra_bufts": False, "flash_attn": 0, "env": {}, "ref": True},
 }
 
 
@@ -61,7 +63,8 @@ def measure(path: str, setting: dict, depth: int, widths: list[int]) -> dict:
 
     wmax = max(widths)
     model = native.Model(path, extra_bufts=setting["extra_bufts"])
-    ctx = native.Context(model, n_ctx=depth + wmax + 64, n_batch=512, flash_attn=setting["flash_attn"])
+    ctx = native.Context(model, n_ctx=depth + wmax + 64, n_batch=512, flash_attn=setting["flash_attn"],
+                         reference_kernels=setting.get("ref", False))
     batch = native.Batch(ctx)
     tokens = model.tokenize(TEXT * (1 + (depth + wmax) // 30), add_special=True)[:depth + wmax]
     if len(tokens) < depth + wmax:

@@ -88,7 +88,8 @@ class SpecGGUF:
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
                  rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False,
-                 prompt_cache_bytes: int = 0, deterministic: bool = False, **llama_options):
+                 prompt_cache_bytes: int = 0, deterministic: bool = False, batch_invariant: bool = False,
+                 **llama_options):
         """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
         270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
@@ -103,7 +104,13 @@ class SpecGGUF:
         a prompt that shares a prefix with the last call's prompt and output reads only the rest).
         deterministic: auto draft lengths that depend only on the text and the seed, never on
         timing (docs/loop.md §2.4); implied for every generation given a seed, and for all of
-        them when this constructor is given one."""
+        them when this constructor is given one.
+        batch_invariant: verify batches compute, bit for bit, the logits one-token decoding
+        computes, so greedy output is plain greedy output and a seeded `coupled` sample is plain
+        sampling's, whatever the drafter (docs/machines.md, "Batch invariance"): ggml's reference
+        CPU kernels, flash attention on (whatever flash_attn says: the mode needs it), no repacked
+        weights, and no verify batch wider than the width measured on this target at load (once
+        per model, a few seconds; cached). CPU only; it costs speed (README)."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
@@ -112,6 +119,7 @@ class SpecGGUF:
         llamaargs.check_resources(n_ctx, n_threads, n_threads_batch, n_batch)
         llamaargs.whole("prompt_cache_bytes", prompt_cache_bytes, 0)
         llamaargs.flag("deterministic", deterministic)
+        llamaargs.flag("batch_invariant", batch_invariant)
         if draft is None and draft_kind == "ngram":
             draft = "ngram"
         native.set_verbose(verbose)
@@ -122,7 +130,7 @@ class SpecGGUF:
         try:
             target = hub.resolve(target, what="target")
             self.target = Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                 rpc_servers=rpc_servers, flash_attn=flash_attn)
+                                 rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant)
         except UserError as exc:  # a bad argument or file: a ValueError, as Llama raises
             raise llamaargs.as_value_error(exc) from None
         try:
@@ -424,7 +432,8 @@ class SpecGGUF:
         target, drafter = self.target, self.drafter
         spec = None if drafter is None else drafter.profile_id
         store = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
-                             drafter is not None and drafter.block, rpc_servers=target.rpc_servers)
+                             drafter is not None and drafter.block, rpc_servers=target.rpc_servers,
+                             kernels=target.kernels)
         costs = store.costs_for(0)
         costs.verify.clear()
         costs.draft_round = costs.draft_step = None

@@ -78,10 +78,15 @@ def model_options(f):
         click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT[,HOST:PORT]",
                      help="llama.cpp RPC servers (ggml-rpc-server) that hold the --gpu-layers target layers "
                           "(a build with RPC: specgguf build-llama --rpc)."),
-        click.option("--flash-attn", type=click.Choice(["off", "on", "auto"]), default="off", show_default=True,
-                     help="Flash attention for the target. Off, as in llama_cpp.Llama: on the CPU its single-token "
-                          "decode splits long contexts (>= 512 cells) another way than a verify batch, so greedy "
-                          "drafting would answer differently from plain decoding (docs/machines.md)."),
+        click.option("--flash-attn", type=click.Choice(["off", "on", "auto"]), default=None,
+                     help="Flash attention for the target [default: off, as in llama_cpp.Llama: on the CPU its "
+                          "single-token decode splits long contexts (>= 512 cells) another way than a verify batch, "
+                          "so greedy drafting would answer differently from plain decoding; on in "
+                          "--batch-invariant] (docs/machines.md)."),
+        click.option("--batch-invariant", is_flag=True,
+                     help="Verify batches that compute one-token decoding's logits bit for bit: greedy output is "
+                          "plain greedy output on quantised targets, whatever the draft. ggml's reference CPU "
+                          "kernels and flash attention; slower (README); measured once per model at load."),
         click.option("--deterministic", is_flag=True,
                      help="Auto draft lengths from the text alone, never from timing, so two runs draft alike "
                           "(implied by --seed; docs/loop.md §2.4)."),
@@ -105,7 +110,8 @@ def parse_draft_max(value: str) -> int | str:
 
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
-          rpc_servers=None, flash_attn="off", chat=False, offline=False, deterministic=False, **_):
+          rpc_servers=None, flash_attn=None, chat=False, offline=False, deterministic=False,
+          batch_invariant=False, **_):
     """A SpecGGUF from the command's options. chat: with no TARGET, start the default chat
     model (an instruct model) rather than the API's default (the Gemma base model)."""
     from ..api import SpecGGUF
@@ -117,6 +123,9 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         raise UserError(f"--draft-kind {draft_kind} needs a --draft GGUF")
     if draft is None and draft_kind == "ngram":
         draft = "ngram"
+    if batch_invariant and flash_attn is not None and flash_attn != "on":
+        raise UserError(f"--batch-invariant runs flash attention on (its vector path is the kernel that is the same "
+                        f"at every batch width): drop --flash-attn {flash_attn}")
     if target is None and chat:
         from ..runtime.defaults import default_chat_target
 
@@ -127,8 +136,8 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         os.environ["HF_HUB_OFFLINE"] = "1"
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
-                    rpc_servers=rpc_servers, flash_attn={"off": False, "on": True, "auto": None}[flash_attn],
-                    deterministic=deterministic)
+                    rpc_servers=rpc_servers, flash_attn={None: False, "off": False, "on": True, "auto": None}[flash_attn],
+                    deterministic=deterministic, batch_invariant=batch_invariant)
 
 
 def sampling_options(f):

@@ -90,12 +90,14 @@ class Engine:
             from .tuning import LengthController
 
             self.draft_max = AUTO_MAX if drafter is None else drafter.max_length
+            self._fit_verify_width(auto=True)
             spec = None if drafter is None else drafter.profile_id
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
                                         drafter is not None and drafter.block,
                                         reads_features=drafter is not None
                                         and drafter.kind.split("+")[-1] in HIDDEN_KINDS,
-                                        rpc_servers=target.rpc_servers)
+                                        rpc_servers=target.rpc_servers,
+                                        kernels=getattr(target, "kernels", None))
             # prior acceptance: an n-gram continuation found in the text is usually right
             self._prior = 0.7 if spec == "ngram" else 0.6
             self.lengths = LengthController(self.draft_max, prior=self._prior)
@@ -113,6 +115,25 @@ class Engine:
             self.draft_max = draft_max
             if drafter is not None:
                 drafter.chooser = None
+            self._fit_verify_width(auto=False)
+
+    def _fit_verify_width(self, auto: bool) -> None:
+        """The batch-invariant mode: no verify batch wider than the target's measured invariant
+        width (Target.verify_width), so that every round computes one-token decoding's logits."""
+        width = getattr(self.target, "verify_width", None)
+        if width is None or self.drafter is None:
+            return
+        if width < 2:
+            raise UserError("batch-invariant mode: on this target a verify batch of 2 rows already gives other "
+                            "logits than one-token decoding (its matrices take a kernel the mode cannot switch "
+                            "off, e.g. F32/F16 weights through llamafile's sgemm; docs/machines.md), so no draft "
+                            "can be verified losslessly: drop the draft or the mode", param="batch_invariant")
+        if auto:
+            self.draft_max = min(self.draft_max, width - 1)
+        elif self.draft_max > width - 1:
+            raise UserError(f"draft_max {self.draft_max} needs verify batches of {self.draft_max + 1} rows, but on "
+                            f"this target batches are batch-invariant up to {width} rows: use at most "
+                            f"{width - 1}, or auto", param="draft_max")
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
                  sampling: SamplingParams | None = None, cancelled=None, grammar: str | None = None) -> "Generation":
@@ -183,6 +204,7 @@ class Generation:
             self.lengths = engine.fixed_lengths()
         self.stats.lengths = ("none" if engine.drafter is None else "fixed" if engine.lengths is None
                               else "auto" if self.lengths is engine.lengths else "deterministic")
+        self.stats.verify_width = getattr(engine.target, "verify_width", None)
         if self.sampler is not None and not sampling.greedy:
             self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None

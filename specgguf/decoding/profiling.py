@@ -48,8 +48,9 @@ def _draft_identity(draft: str | None):
 
 
 def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str,
-                rpc_servers: list[str] | None = None) -> str:
-    """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths)."""
+                rpc_servers: list[str] | None = None, kernels: str | None = None) -> str:
+    """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths).
+    kernels: a non-default kernel choice that changes every cost ("batch-invariant")."""
     from ..runtime import native
 
     parts = {
@@ -61,6 +62,8 @@ def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: in
     }
     if rpc_servers:  # layers on other machines (README: Scale-out) cost what those machines take
         parts["rpc"] = list(rpc_servers)
+    if kernels:
+        parts["kernels"] = kernels
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -92,11 +95,12 @@ class ProfileStore:
     `reads_features` (the draft changes the target's pass)."""
 
     def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False,
-                 reads_features: bool = False, rpc_servers: list[str] | None = None):
-        self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket, rpc_servers)
+                 reads_features: bool = False, rpc_servers: list[str] | None = None, kernels: str | None = None):
+        self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket, rpc_servers,
+                                               kernels)
         verify_draft = draft if reads_features else None
         self._verify_key = lambda bucket: profile_key(target_path, verify_draft, n_threads, n_gpu_layers, bucket,
-                                                      rpc_servers)
+                                                      rpc_servers, kernels)
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()

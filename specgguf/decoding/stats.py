@@ -26,6 +26,14 @@ class GenerationStats:
     # timed costs: may differ between runs), "deterministic" (auto on frozen prior costs: a
     # function of the text and the seed only, docs/loop.md §2.4)
     lengths: str = "none"
+    # the batch-invariant mode (runtime/invariance.py): None when off; else the widest verify
+    # batch measured to compute one-token decoding's logits, which no round exceeded
+    verify_width: int | None = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Every verify pass computed the logits one-token decoding computes, bit for bit."""
+        return self.verify_width is not None
 
     @property
     def deterministic(self) -> bool:
@@ -86,6 +94,8 @@ class GenerationStats:
             "seed": self.seed,
             "lengths": self.lengths,
             "deterministic": self.deterministic,
+            "batch_invariant": self.batch_invariant,
+            "verify_width": self.verify_width,
         }
 
     def summary(self) -> str:
@@ -97,4 +107,5 @@ class GenerationStats:
         cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
         line += f"; prompt {self.prompt_tokens} tokens{cached} in {self.prefill_s:.2f} s"
         line += f"; seed {self.seed}" if self.seed is not None else ""
-        return line + ("; deterministic lengths" if self.lengths == "deterministic" else "")
+        line += "; deterministic lengths" if self.lengths == "deterministic" else ""
+        return line + (f"; batch-invariant (verify <= {self.verify_width})" if self.batch_invariant else "")

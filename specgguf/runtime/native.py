@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import LlamaError, UserError
-from . import amx
+from . import amx, refkernels
 
 try:
     import llama_cpp as _llama_cpp_pkg
@@ -324,7 +324,7 @@ class Context(_Owned):
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_ubatch: int | None = None,
                  n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
                  embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None,
-                 mtp: bool = False):
+                 mtp: bool = False, reference_kernels: bool = False):
         params = C.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
@@ -343,7 +343,16 @@ class Context(_Owned):
             params.ctx_other = ctx_other.ptr
         if mtp:  # a multi-token-prediction draft context (e.g. gemma4-assistant, sharing ctx_other's KV)
             params.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
-        ptr = C.llama_init_from_model(model.ptr, params)
+        if reference_kernels:  # the batch-invariant mode (runtime/refkernels.py)
+            params.op_offload = False  # a GPU build would otherwise run wide batches' matmuls there
+            with refkernels.reference_cpu_kernels(library_path()) as caught:
+                ptr = C.llama_init_from_model(model.ptr, params)
+            if ptr and not caught:
+                C.llama_free(ptr)
+                raise LlamaError("the batch-invariant mode could not reach llama.cpp's CPU backend "
+                                 f"in this build ({library_path()}); run without it")
+        else:
+            ptr = C.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LlamaError(f"llama.cpp could not create a context for {model.path} "
                              f"(n_ctx={n_ctx}); try a smaller --ctx, or --verbose to see why")

@@ -72,23 +72,33 @@ class Target:
 
     def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
-                 flash_attn: bool | None = False):
+                 flash_attn: bool | None = False, batch_invariant: bool = False):
+        """batch_invariant: ggml's reference CPU kernels, flash attention on, no repacked weights,
+        and `verify_width` measured (runtime/invariance.py); the target must run on the CPU."""
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
+        if batch_invariant and (n_gpu_layers or rpc_servers):
+            raise UserError("the batch-invariant mode runs the target on the CPU (ggml's reference kernels are a "
+                            "CPU backend switch): drop --gpu-layers/--rpc, or the mode", param="batch_invariant")
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers,
-                                  devices=offload_devices(rpc_servers, n_gpu_layers))
+                                  devices=offload_devices(rpc_servers, n_gpu_layers),
+                                  extra_bufts=not batch_invariant)
         try:
             # flash_attn: off by default, as llama_cpp.Llama has it (docs/machines.md: lossless past 512
-            # cells on the CPU); None lets llama.cpp choose (auto); True forces it on
+            # cells on the CPU); None lets llama.cpp choose (auto); True forces it on. The batch-invariant
+            # mode needs it on: its vector path is the one kernel that is the same at every width
             self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                      flash_attn=None if flash_attn is None else int(flash_attn))
+                                      flash_attn=1 if batch_invariant else None if flash_attn is None
+                                      else int(flash_attn), reference_kernels=batch_invariant)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()
             raise
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = int(n_threads or native.default_threads())
+        self.batch_invariant = batch_invariant
+        self.kernels = "batch-invariant" if batch_invariant else None  # part of the cost profile's key
         # where offloaded layers run changes every cost: part of the cost profile's key
         self.rpc_servers = None
         if rpc_servers is not None:
@@ -104,6 +114,17 @@ class Target:
         # last generation (None: unknown, cleared before the next), and saved states, if any
         self.kept: list[int] | None = None
         self.saved_states = None
+        # the widest verify batch whose logits equal one-token decoding's (None: not measured,
+        # no limit): the batch-invariant mode's measurement, which the engine never exceeds
+        self.verify_width: int | None = None
+        if batch_invariant:
+            from . import invariance
+
+            try:
+                self.verify_width = invariance.verify_width(self)
+            except BaseException:
+                self.close()
+                raise
 
     def acquire(self, generation) -> None:
         """Hold the context for `generation`: wait while another thread's generation runs;
