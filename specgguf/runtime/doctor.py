@@ -28,10 +28,18 @@ def _safe(fn):
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _embedded_model():
-    from .defaults import DEFAULT_MODEL_PACKAGE
+def _embedded_models():
+    """The two embedded defaults: the Gemma base model (generate, profile) and the SmolLM2
+    instruct model (chat, serve)."""
+    from .defaults import CHAT_MODEL_PACKAGE, CHAT_MODEL_PIP, DEFAULT_MODEL_PACKAGE
 
-    return {"package": DEFAULT_MODEL_PACKAGE, "installed": _version(DEFAULT_MODEL_PACKAGE) != "not installed"}
+    def one(package: str, used_by: str, install: str) -> dict:
+        installed = _version(package) != "not installed"
+        return {"package": package, "used_by": used_by, "installed": installed,
+                **({} if installed else {"install": install})}
+
+    return [one(DEFAULT_MODEL_PACKAGE, "generate, profile (Gemma 3 270M base, Q4_K_M)", "pip install 'specgguf[demo]'"),
+            one(CHAT_MODEL_PACKAGE, "chat, serve (SmolLM2-135M-Instruct, Q4_1)", CHAT_MODEL_PIP)]
 
 
 def batch_invariance(system_info: str) -> dict:
@@ -47,8 +55,42 @@ def batch_invariance(system_info: str) -> dict:
     if os.environ.get("GGML_CPU_TILED_MM", "1") != "0":
         switches.append("tiled K-quant matmul (gated at 8 rows; off with GGML_CPU_TILED_MM=0)")
     switches.append("flash attention: split KV for one query past 512 cells, tiles from 64 queries")
-    return {"known_invariant": False, "switches": switches,
+    return {"known_invariant": False, "switches": switches, "mode": _mode_state(),
+            "measured": _measured_widths(),
             "measure": "python scripts/width_invariance.py --models TARGET.gguf"}
+
+
+def _mode_state() -> str:
+    """Whether --batch-invariant can reach ggml's reference kernels in this build."""
+    from . import native, refkernels
+
+    try:
+        g = refkernels._functions(native.library_path())
+        reachable = bool(g.dev_by_type(refkernels.GGML_BACKEND_DEVICE_TYPE_CPU))
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: doctor never fails
+        return f"unavailable ({exc})"
+    return ("available: --batch-invariant (ggml's reference CPU kernels, flash attention on, no repack; the "
+            "widest invariant verify batch is measured per model at its first load)" if reachable
+            else "unavailable: this build registers no CPU device")
+
+
+def _measured_widths() -> dict:
+    """Model file -> the widest invariant verify batch measured with this library (cache)."""
+    import ast
+
+    from . import native
+    from .paths import cache_dir, read_json
+
+    lib = os.path.realpath(native.library_path())
+    out = {}
+    for key, width in read_json(cache_dir(create=False) / "batch_invariance.json").items():
+        try:
+            _, (lib_path, *_), (model_path, *_), threads, _depth = ast.literal_eval(key)
+        except (ValueError, SyntaxError, TypeError):
+            continue
+        if lib_path == lib:
+            out[f"{os.path.basename(model_path)} ({threads} threads)"] = width
+    return out
 
 
 def report() -> dict:
@@ -74,7 +116,7 @@ def report() -> dict:
         "profiles": str(cache_dir(create=False) / "profiles"),
         "huggingface_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME")
         or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
-        "embedded_model": _safe(_embedded_model),
+        "embedded_models": _safe(_embedded_models),
         "flash_attention": "off by default, as in llama_cpp.Llama (--flash-attn on|auto, flash_attn=True|None)",
         "batch_invariance": _safe(lambda: batch_invariance(native.system_info())),
     }
@@ -119,20 +161,25 @@ def lines(r: dict) -> list[str]:
     patch_text = (f"qwen3 {'yes' if patches['qwen3'] else 'no'}, gemma4 {'yes' if patches['gemma4'] else 'no'}"
                   + ("" if patches["qwen3"] else " (DeepSpec Eagle3 drafts need specgguf build-llama --patched)")
                   if isinstance(patches, dict) and "qwen3" in patches else show(patches))
-    model = r["embedded_model"]
-    model_text = (f"{model['package']}: {'installed' if model['installed'] else 'not installed'}"
-                  if isinstance(model, dict) and "package" in model else show(model))
+    models = r["embedded_models"]
+    model_text = ("; ".join(f"{m['package']} for {m['used_by']}: "
+                            + ("installed" if m["installed"] else f"not installed ({m['install']})") for m in models)
+                  if isinstance(models, list) else show(models))
     inv = r["batch_invariance"]
-    inv_text = ("no: a verify batch's logits can differ from one-token decoding by the width, through "
-                + "; ".join(inv["switches"]) + f" (greedy speculative output can part from plain at near-ties; "
-                f"measure: {inv['measure']})" if isinstance(inv, dict) and "switches" in inv else show(inv))
+    if isinstance(inv, dict) and "switches" in inv:
+        measured = ", ".join(f"{k}: {w}" for k, w in inv["measured"].items()) or "none yet"
+        inv_text = ("by default no: a verify batch's logits can differ from one-token decoding by the width, "
+                    "through " + "; ".join(inv["switches"]) + " (greedy speculative output can part from plain at "
+                    f"near-ties). Mode: {inv['mode']}. Measured widest invariant verify batch: {measured}")
+    else:
+        inv_text = show(inv)
     rows = [
         ("specgguf", r["specgguf"]), ("python", r["python"]), ("platform", r["platform"]), ("cpu", r["cpu"]),
         ("llama-cpp-python", f"{r['llama_cpp_python']} ({r['library']})"),
         ("llama.cpp build", " ".join(show(r["system_info"]).split())), ("devices", dev_text),
         ("rpc backend", show(r["rpc_backend"])), ("compiler", show(r["compiler"])), ("amx", amx_text),
         ("eagle3 patches", patch_text), ("cache", r["cache"]), ("profiles", r["profiles"]),
-        ("hugging face cache", r["huggingface_cache"]), ("embedded model", model_text),
+        ("hugging face cache", r["huggingface_cache"]), ("embedded models", model_text),
         ("flash attention", r["flash_attention"]), ("batch invariance", inv_text), ("verdict", r["verdict"]),
     ]
     width = max(len(k) for k, _ in rows)
