@@ -32,8 +32,24 @@ drafted 64 tokens and all were accepted, from a 65-token verify pass timed in th
 a CPU a verify pass costs about a third of a plain pass per position (the output layer is
 computed for every row), so no lookup gets past about three times plain there.
 
+Instruct (--instruct, run instead of the above): what a chat app sees, on the real instruct
+model SmolLM2-135M-Instruct (the default chat target) through its chat template
+(create_chat_completion, greedy). Three kinds of request, a few items each, every one a fresh
+prompt on a new SpecGGUF (no earlier output carried): document QA (a manual or a log, and a
+question whose answer quotes it), JSON rewrite (a 12-field record, one field changed or
+renamed, the whole record back) and bug fix (a ~25-line function, its bug described, the whole
+fixed function back). Rows: specgguf plain / ngram (default) / suffix, all asked for the same
+--max-tokens (an answer may end sooner at end-of-generation: its tokens are reported), and the
+lookup ceiling of each kind (as above, after the kind's first chat prompt). Per kind: decode
+tokens/s over its items (the fastest run of each item), the speedup over plain, the share of
+drafts accepted, the mean draft length (drafted tokens per round) and whether every answer is
+plain's text. No C++ row (the C++ tool has no chat template), so the C++ tool is not needed:
+without it llama_cpp's own libllama runs the rows.
+
     python scripts/bench_side_by_side.py [--max-tokens 128] [--repeat 3] [--turns 6]
                                          [--threads N] [--out bench/side_by_side.json]
+    python scripts/bench_side_by_side.py --instruct [--max-tokens 256] [--repeat 3]
+                                         [--out bench/side_by_side_instruct.json]
 """
 
 from __future__ import annotations
@@ -52,14 +68,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import cpp_baseline  # noqa: E402  (the tool's location, shared with the tests)
 
-if cpp_baseline.find_tool() is None:
-    sys.exit(f"error: {cpp_baseline.TOOL} is not built; run scripts/build_llama_cpp_tools.sh first")
-os.environ["LLAMA_CPP_LIB_PATH"] = str(cpp_baseline.lib_dir())  # before llama_cpp is imported
+# every row runs the C++ tool's libllama when it is built; without it only --instruct (no C++
+# row) can run, on llama_cpp's own library: main() refuses the rest
+CPP_TOOL = cpp_baseline.find_tool()
+if CPP_TOOL is not None:
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(cpp_baseline.lib_dir())  # before llama_cpp is imported
 
 from specgguf.runtime import native  # noqa: E402
 from specgguf.api import SpecGGUF  # noqa: E402
 from specgguf.cli.options import DEMO_PROMPT  # noqa: E402
-from specgguf.runtime.defaults import default_target  # noqa: E402
+from specgguf.runtime.defaults import default_chat_target, default_target  # noqa: E402
 
 FUNCTION = '''def moving_average(values, window):
     """Return the moving averages of `values` over `window` items."""
@@ -93,6 +111,166 @@ TASKS = ["Add a docstring line about the return value.", "Rename `window` to `si
          "Add a type hint to every argument.", "Make it raise TypeError for non-list values.",
          "Add a comment above the loop.", "Rename the function to `rolling_mean`.",
          "Return a tuple instead of a list.", "Add an example to the docstring."]
+
+# -- instruct requests (--instruct): chat messages for the instruct model ---------------------
+
+MANUAL = """KETTLEWORKS K-200 SMART KETTLE - QUICK MANUAL (rev. 3)
+
+1. Setup
+Place the base on a dry, level surface at least 10 cm from the wall. Fill the kettle between
+the MIN (0.5 L) and MAX (1.7 L) marks. Press and hold the power button for 2 seconds to pair
+the kettle with the KettleWorks app.
+
+2. Temperature presets
+Green tea: 80 C. Oolong: 90 C. Black tea and coffee: 96 C. Boil: 100 C. The keep-warm mode
+holds the chosen temperature for 30 minutes, then the kettle switches off.
+
+3. Error codes
+E1: the kettle is empty or below the MIN mark. Add water and press the power button again.
+E2: the temperature sensor is disconnected. Unplug the base, wait 60 seconds and plug it in
+again; if E2 returns, contact support.
+E3: the kettle was lifted during heating. Put it back on the base within 10 seconds to resume.
+E4: limescale is blocking the heating plate. Run the descaling program described in section 4.
+
+4. Descaling
+Mix 250 ml of white vinegar with 750 ml of water, pour it into the kettle and hold the minus
+and plus buttons together for 5 seconds. The descaling program heats the mixture to 60 C,
+waits 20 minutes and beeps three times when it is done. Rinse the kettle twice with clean
+water before you use it again.
+
+5. Warranty
+The K-200 is covered for 24 months from the date of purchase. The warranty does not cover
+damage from descaling with products other than vinegar or citric acid.
+"""
+LOG = """2024-05-14 09:12:01 INFO  api      started worker pool size=8
+2024-05-14 09:12:03 INFO  api      GET /v1/orders/10482 200 12ms
+2024-05-14 09:12:04 INFO  api      GET /v1/orders/10483 200 9ms
+2024-05-14 09:12:07 WARN  db       slow query orders_by_customer 1840ms
+2024-05-14 09:12:09 INFO  api      POST /v1/orders 201 48ms
+2024-05-14 09:12:11 INFO  billing  charge ok order=10484 amount=87.40 EUR
+2024-05-14 09:12:15 ERROR billing  charge failed order=10485 amount=129.00 EUR reason=card_expired
+2024-05-14 09:12:15 INFO  api      POST /v1/orders 402 61ms
+2024-05-14 09:12:18 INFO  api      GET /v1/orders/10484 200 11ms
+2024-05-14 09:12:22 WARN  cache    eviction rate high 312/s
+2024-05-14 09:12:25 INFO  billing  charge ok order=10486 amount=15.90 EUR
+2024-05-14 09:12:30 ERROR api      GET /v1/customers/77 500 3012ms upstream timeout (crm)
+2024-05-14 09:12:31 INFO  api      GET /v1/orders/10486 200 10ms
+2024-05-14 09:12:36 INFO  api      worker pool resized size=12
+"""
+ORDER = {"order_id": "A-10482", "customer": "Maria Lopez", "email": "maria.lopez@example.com",
+         "street": "14 Harbour Road", "city": "Porto", "zip": "4050-123", "country": "Portugal",
+         "items": 3, "total_eur": 87.4, "status": "paid", "gift_wrap": False, "notes": "Leave at the front desk"}
+PARSE_DURATION = '''def parse_duration(text):
+    """Return the number of seconds in a duration such as '1h30m' or '45s'.
+
+    Units: h (hours), m (minutes), s (seconds). Raises ValueError on anything else.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("duration must be a non-empty string")
+    total = 0
+    number = ""
+    for ch in text.strip().lower():
+        if ch.isdigit():
+            number += ch
+            continue
+        if not number:
+            raise ValueError(f"missing number before {ch!r}")
+        if ch == "h":
+            total += int(number) * 3600
+        elif ch == "m":
+            total += int(number) * 360
+        elif ch == "s":
+            total += int(number)
+        else:
+            raise ValueError(f"unknown unit {ch!r}")
+        number = ""
+    if number:
+        raise ValueError("a number must end with a unit")
+    return total
+'''
+TOP_WORDS = '''def top_words(text, n=10, min_length=1, stopwords=("the", "a", "an", "and", "of", "to")):
+    """Return the n most frequent words of `text` as (word, count) pairs.
+
+    Words are lower-cased and stripped of punctuation; stopwords and words
+    shorter than min_length are skipped. Ties are broken alphabetically.
+    """
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    if min_length < 1:
+        raise ValueError("min_length must be at least 1")
+    counts = {}
+    for raw in text.split():
+        word = raw.strip(".,;:!?\\"'()[]").lower()
+        if not word or word in stopwords:
+            continue
+        if len(word) < min_length:
+            continue
+        counts[word] = counts.get(word, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    result = []
+    for word, count in ranked[:n]:
+        result.append((word, count))
+    return result
+'''
+MERGE_INTERVALS = '''def merge_intervals(intervals):
+    """Merge overlapping or touching [start, end] intervals.
+
+    Returns a new list of [start, end] lists sorted by start; the input is
+    left unchanged. Raises ValueError for an interval that ends before it starts.
+    """
+    checked = []
+    for item in intervals:
+        if len(item) != 2:
+            raise ValueError(f"an interval has two ends, got {item!r}")
+        start, end = item
+        if start > end:
+            raise ValueError(f"interval [{start}, {end}] ends before it starts")
+        checked.append((start, end))
+    checked.sort()
+    merged = []
+    for start, end in checked:
+        if merged and start < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+'''
+
+
+# the instruction first, the material after it: so asked, the 135M model answers and stops;
+# asked after the material it more often drifts into a repeating tail (which any lookup drafts)
+def _qa(title: str, document: str, question: str) -> str:
+    return (f"Read this {title.lower()} and answer the question by quoting it.\n\n{title}:\n{document}\n"
+            f"Question: {question}")
+
+
+def _rewrite(change: str) -> str:
+    return (f"{change} in this JSON record and output the whole record, every field, as JSON.\n\n"
+            f"{json.dumps(ORDER, indent=2)}")
+
+
+def _fix(function: str, bug: str) -> str:
+    return f"Fix the bug in this Python function: {bug} Write the whole fixed function.\n\n```python\n{function}```"
+
+
+# kind -> {item: user message}; no system message (the template's own default, as an app sends it)
+INSTRUCT = {
+    "document QA": {
+        "manual-e2": _qa("Manual", MANUAL, "What does error code E2 mean and what should I do?"),
+        "manual-descale": _qa("Manual", MANUAL, "How do I descale the kettle?"),
+        "log-failure": _qa("Log", LOG, "Which charge failed and why?"),
+    },
+    "JSON rewrite": {
+        "set-status": _rewrite('Change "status" to "shipped"'),
+        "rename-zip": _rewrite('Rename the field "zip" to "postal_code", keeping its value,'),
+        "set-gift-wrap": _rewrite('Set "gift_wrap" to true'),
+    },
+    "bug fix": {
+        "parse-duration": _fix(PARSE_DURATION, "minutes are counted as 360 seconds instead of 60."),
+        "top-words": _fix(TOP_WORDS, "it returns the least frequent words instead of the most frequent."),
+        "merge-intervals": _fix(MERGE_INTERVALS, "touching intervals such as [1, 3] and [3, 5] are not merged."),
+    },
+}
 
 
 # -- peers ---------------------------------------------------------------------------------
@@ -206,15 +384,29 @@ def agentic(target, draft, turns, max_tokens, threads, cache_dir) -> dict:
     return {"tok_s": tokens / seconds if seconds else 0.0, "tokens": tokens}
 
 
+def chat_run(target, draft, messages, max_tokens, threads, cache_dir) -> dict:
+    """One greedy request through create_chat_completion (the chat template, as an app sends
+    it), on a new SpecGGUF: no suffix store or prompt cache carried from another request."""
+    os.environ["SPECGGUF_CACHE"] = str(cache_dir)
+    with SpecGGUF(target, draft=draft, n_ctx=4096, n_threads=threads) as llm:
+        r = llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0)
+    s, choice = r["specgguf"], r["choices"][0]  # specgguf: GenerationStats.to_dict()
+    return {"tok_s": s["generated_tokens"] / s["decode_s"] if s["decode_s"] else 0.0,
+            "tokens": s["generated_tokens"], "decode_s": s["decode_s"], "rounds": s["rounds"],
+            "drafted": s["drafted"], "accepted": s["accepted"], "mean_draft": s["drafted"] / max(s["rounds"], 1),
+            "finish_reason": choice["finish_reason"], "text": choice["message"]["content"]}
+
+
 def lookup_ceiling(target, prompt, width, threads, reps=5) -> dict:
     """The most any lookup drafter can reach on this machine: every round a `width`-token draft
     that is wholly accepted (width + 1 tokens per verify pass), beside one token per plain pass.
     Both passes timed on one warm context, fastest of `reps` (the wide one once first, untimed,
     so that its cold first pass does not count). A drafter's rate over this ceiling says how
-    much of the speed on offer it takes; the rest is the target's own cost per position."""
+    much of the speed on offer it takes; the rest is the target's own cost per position.
+    prompt: text, or chat messages (a list), rendered by the model's chat template."""
     with SpecGGUF(target, n_ctx=4096, n_threads=threads) as llm:
         ctx, batch = llm.target.ctx, llm.target.batch
-        toks = llm.tokenize(prompt)
+        toks = llm.chat_prompt(prompt) if isinstance(prompt, list) else llm.tokenize(prompt)
         batch.clear().add_tokens(toks, 0, "last")
         ctx.decode(batch)
         pos = len(toks)
@@ -241,18 +433,116 @@ def best(runs: list[dict]) -> dict:
     return max(runs, key=lambda r: r["tok_s"])
 
 
+INSTRUCT_ROWS = {"specgguf plain": None, "specgguf ngram (default)": "ngram", "specgguf suffix": "suffix"}
+
+
+def instruct(a) -> int:
+    """--instruct: the chat rows of every kind of request, their table and their JSON."""
+    target = default_chat_target()
+    warm_cache = Path(tempfile.mkdtemp(prefix="specgguf-bench-")) / "warm"
+    lib = str(cpp_baseline.lib_dir()) if CPP_TOOL is not None else "llama_cpp's own"
+    load = os.getloadavg()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"{a.threads} threads; SmolLM2-135M-Instruct Q4_1, chat template; up to {a.max_tokens} tokens, "
+          f"greedy, best of {a.repeat}; libllama: {lib}")
+    messages = {kind: {item: [{"role": "user", "content": text}] for item, text in items.items()}
+                for kind, items in INSTRUCT.items()}
+    # warm the specgguf profiles of this model (a user's second run), outside the measured runs
+    first = next(iter(messages["document QA"].values()))
+    for draft in ("ngram", "suffix"):
+        chat_run(target, draft, first, a.max_tokens, a.threads, warm_cache)
+    runs: dict = {row: {item: [] for items in messages.values() for item in items} for row in INSTRUCT_ROWS}
+    for rep in range(a.repeat):  # interleaved: every row of an item before the next item
+        for items in messages.values():
+            for item, m in items.items():
+                for row, draft in INSTRUCT_ROWS.items():
+                    runs[row][item].append(chat_run(target, draft, m, a.max_tokens, a.threads, warm_cache))
+        print(f"  repeat {rep + 1}/{a.repeat} done")
+    # the ceiling after each kind's first prompt: a verify pass costs more the longer the context
+    ceiling = {kind: lookup_ceiling(target, next(iter(items.values())), 64, a.threads)
+               for kind, items in messages.items()}
+
+    # per kind: the fastest run of each item, added up (tokens over decode seconds); the text
+    # counts as plain's only when every run of every item of the kind is plain's fastest run's
+    plain_text = {item: best(r)["text"] for item, r in runs["specgguf plain"].items()}
+    table: dict = {}
+    for kind, items in messages.items():
+        table[kind] = {}
+        for row in INSTRUCT_ROWS:
+            fastest = [best(runs[row][item]) for item in items]
+            n = {k: sum(r[k] for r in fastest) for k in ("tokens", "decode_s", "rounds", "drafted", "accepted")}
+            table[kind][row] = dict(
+                n, tok_s=n["tokens"] / n["decode_s"] if n["decode_s"] else 0.0,
+                item_tokens=[r["tokens"] for r in fastest], finish=[r["finish_reason"] for r in fastest],
+                acceptance=n["accepted"] / n["drafted"] if n["drafted"] else 0.0,
+                mean_draft=n["drafted"] / max(n["rounds"], 1),
+                same_as_plain=sum(all(r["text"] == plain_text[item] for r in runs[row][item]) for item in items))
+        c = ceiling[kind]
+        table[kind]["lookup ceiling"] = {"tok_s": c["tok_s"], "mean_draft": c["width"], "acceptance": 1.0}
+        for r in table[kind].values():
+            r["vs_plain"] = r["tok_s"] / table[kind]["specgguf plain"]["tok_s"]
+
+    print("\nplain's answers (first line; tokens, finish):")
+    for kind, items in messages.items():
+        for item in items:
+            r = best(runs["specgguf plain"][item])
+            line = r["text"].strip().splitlines()[0] if r["text"].strip() else ""
+            print(f"  {item:<16} {r['tokens']:>4} {r['finish_reason']:<7} {line[:70]!r}")
+    md = ["| kind | row | tokens (per item) | tok/s | vs plain | accepted | mean draft | text = plain's |",
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for kind, rows in table.items():
+        for row, r in rows.items():
+            if row == "lookup ceiling":
+                cells = [f"{ceiling[kind]['width'] + 1} per pass", f"{r['tok_s']:.1f}", f"{r['vs_plain']:.2f}",
+                         "all", str(r["mean_draft"]), "-"]
+            else:
+                drafts = row != "specgguf plain"
+                cells = ["+".join(map(str, r["item_tokens"])), f"{r['tok_s']:.1f}", f"{r['vs_plain']:.2f}",
+                         f"{100 * r['acceptance']:.0f}%" if drafts else "-",
+                         f"{r['mean_draft']:.1f}" if drafts else "-",
+                         f"{r['same_as_plain']}/{len(messages[kind])}" if drafts else "-"]
+            md.append(f"| {kind} | {row} | " + " | ".join(cells) + " |")
+    print(f"\ninstruct requests, decode tokens/s per kind (best of {a.repeat} per item; up to {a.max_tokens} "
+          "tokens, fewer where the answer ended):\n")
+    print("\n".join(md))
+    load_end = os.getloadavg()
+    print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+
+    out = Path(a.out or ROOT / "bench" / "side_by_side_instruct.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
+                    "load_start": load, "load_end": load_end},
+        "model": "SmolLM2-135M-Instruct Q4_1 (default chat target)", "libllama": lib,
+        "max_tokens": a.max_tokens, "repeat": a.repeat,
+        "instruct": {"requests": INSTRUCT, "runs": runs, "best": table, "ceiling": ceiling,
+                     "markdown": "\n".join(md)},
+    }, indent=1))
+    print(f"saved {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default 128; 256 with --instruct (whole answers)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--threads", type=int, default=native.default_threads())
     ap.add_argument("--sizes", default="8,16,32,48,64", help="draft lengths swept for the C++ rows")
     ap.add_argument("--prompts", default=",".join(PROMPTS))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "side_by_side.json"))
+    ap.add_argument("--instruct", action="store_true",
+                    help="run the instruct section instead: chat requests on SmolLM2-135M-Instruct "
+                         "(no C++ tool needed)")
+    ap.add_argument("--out", default=None,
+                    help="default bench/side_by_side.json (--instruct: bench/side_by_side_instruct.json)")
     a = ap.parse_args()
+    a.max_tokens = a.max_tokens if a.max_tokens is not None else 256 if a.instruct else 128
     if a.max_tokens < 1 or a.repeat < 1 or a.turns < 5:
         sys.exit("error: --max-tokens and --repeat must be >= 1, --turns >= 5")
+    if a.instruct:
+        return instruct(a)
+    if CPP_TOOL is None:
+        sys.exit(f"error: {cpp_baseline.TOOL} is not built; run scripts/build_llama_cpp_tools.sh first")
     prompts = [p for p in a.prompts.split(",") if p]
     unknown = [p for p in prompts if p not in PROMPTS]
     if unknown:
@@ -373,7 +663,7 @@ def main() -> int:
     load_end = os.getloadavg()
     print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
 
-    out = Path(a.out)
+    out = Path(a.out or ROOT / "bench" / "side_by_side.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
