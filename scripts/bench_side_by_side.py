@@ -505,21 +505,26 @@ def instruct(a) -> int:
     print(f"\ninstruct requests, decode tokens/s per kind (best of {a.repeat} per item; up to {a.max_tokens} "
           "tokens, fewer where the answer ended):\n")
     print("\n".join(md))
-    load_end = os.getloadavg()
-    print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-
-    out = Path(a.out or ROOT / "bench" / "side_by_side_instruct.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
-                    "load_start": load, "load_end": load_end},
+    out = save(a, load, "side_by_side_instruct.json", {
         "model": "SmolLM2-135M-Instruct Q4_1 (default chat target)", "libllama": lib,
         "max_tokens": a.max_tokens, "repeat": a.repeat,
         "instruct": {"requests": INSTRUCT, "runs": runs, "best": table, "ceiling": ceiling,
                      "markdown": "\n".join(md)},
-    }, indent=1))
+    })
     print(f"saved {out}")
     return 0
+
+
+def save(a, load, default_name: str, fields: dict) -> Path:
+    """Print the load at the end and write the JSON (the machine's state, then `fields`) to
+    --out, or bench/`default_name`."""
+    load_end = os.getloadavg()
+    print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    out = Path(a.out or ROOT / "bench" / default_name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
+                                           "load_start": load, "load_end": load_end}, **fields}, indent=1))
+    return out
 
 
 def main() -> int:
@@ -660,18 +665,11 @@ def main() -> int:
     print("\nratios:")
     for p, r in ratios.items():
         print(f"  {p:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in r.items()))
-    load_end = os.getloadavg()
-    print(f"load at the end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-
-    out = Path(a.out or ROOT / "bench" / "side_by_side.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "machine": {"arch": platform.machine(), "cores": os.cpu_count(), "threads": a.threads,
-                    "load_start": load, "load_end": load_end},
+    out = save(a, load, "side_by_side.json", {
         "model": "Gemma 3 270M Q4_K_M (embedded default)", "max_tokens": a.max_tokens, "repeat": a.repeat,
         "best_size_m": best_m, "tokens": budget, "runs": results, "best": table, "agentic": agent,
         "ceiling": ceiling, "ratios": ratios,
-    }, indent=1))
+    })
     print(f"saved {out}")
     return 0
 

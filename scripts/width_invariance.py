@@ -57,9 +57,8 @@ def model_path(name: str) -> str:
 
 def measure(path: str, setting: dict, depth: int, widths: list[int]) -> dict:
     """One process, one setting: per width, (max |diff|, rows differing, arg-max moves)."""
-    import numpy as np
-
     from specgguf.runtime import native
+    from specgguf.runtime.invariance import compare_widths
 
     wmax = max(widths)
     model = native.Model(path, extra_bufts=setting["extra_bufts"])
@@ -70,31 +69,11 @@ def measure(path: str, setting: dict, depth: int, widths: list[int]) -> dict:
     if len(tokens) < depth + wmax:
         raise SystemExit(f"{path}: the text gives only {len(tokens)} tokens")
 
-    def fill() -> None:
-        ctx.clear()
-        for start in range(0, depth, ctx.n_batch):
-            batch.clear().add_tokens(tokens[start:min(start + ctx.n_batch, depth)], start, "none")
-            ctx.decode(batch)
-
-    fill()
-    ref = np.empty((wmax, ctx.n_vocab), dtype=np.float32)
     t0 = time.perf_counter()
-    for i in range(wmax):  # plain decoding: one token per pass
-        batch.clear().add_tokens([tokens[depth + i]], depth + i, "all")
-        ctx.decode(batch)
-        ref[i] = ctx.logits_block(1)[0]
-    single_s = (time.perf_counter() - t0) / wmax
-    rows = {}
-    for w in widths:
-        ctx.seq_rm(depth)
-        batch.clear().add_tokens(tokens[depth:depth + w], depth, "all")
-        ctx.decode(batch)
-        got = ctx.logits_block(w)
-        diff = np.abs(got - ref[:w])
-        rows[w] = {"max_abs_diff": float(diff.max()), "rows_differing": int((diff.max(axis=1) > 0).sum()),
-                   "argmax_moves": int((got.argmax(axis=1) != ref[:w].argmax(axis=1)).sum())}
+    rows = compare_widths(ctx, batch, tokens, depth, widths)
+    elapsed = time.perf_counter() - t0
     del batch, ctx, model
-    return {"single_token_s": single_s, "widths": rows}
+    return {"seconds": round(elapsed, 2), "widths": rows}
 
 
 def invariant_up_to(widths: dict) -> int:

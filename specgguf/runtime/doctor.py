@@ -65,7 +65,7 @@ def _mode_state() -> str:
     from . import native, refkernels
 
     try:
-        g = refkernels._functions(native.library_path())
+        g = refkernels.functions(native.library_path())
         reachable = bool(g.dev_by_type(refkernels.GGML_BACKEND_DEVICE_TYPE_CPU))
     except Exception as exc:  # noqa: BLE001 - reported, not raised: doctor never fails
         return f"unavailable ({exc})"

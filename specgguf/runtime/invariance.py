@@ -44,38 +44,45 @@ def cache_key(model_path: str, n_threads: int, depth: int) -> str:
     return repr([CACHE_VERSION, _identity(native.library_path()), _identity(model_path), n_threads, depth])
 
 
-def measure(ctx: "native.Context", batch: "native.Batch", model: "native.Model", depth: int,
-            widths=PROBE_WIDTHS) -> dict:
-    """Per probed width: how many rows differ from one-token decoding in any bit. Leaves the
-    context empty."""
+def compare_widths(ctx: "native.Context", batch: "native.Batch", tokens: list[int], depth: int,
+                   widths) -> dict:
+    """With tokens[:depth] in the context: positions depth.. decoded one token at a time (plain
+    decoding) and, afresh, as one batch of each width (a verify round). Per width: the largest
+    |difference| of any logit, the rows that differ in any bit, the rows whose arg-max moved.
+    Leaves the context empty. scripts/width_invariance.py prints the same for any setting."""
     wmax = max(widths)
-    need = depth + wmax
-    tokens = model.tokenize(PROBE_TEXT * (1 + need // 20), add_special=True)[:need]
-    if len(tokens) < need:  # a tokenizer that merges the whole text: vary it
-        tokens = (tokens * (1 + need // max(len(tokens), 1)))[:need]
-
-    def fill() -> None:
+    try:
         ctx.clear()
         for start in range(0, depth, ctx.n_batch):
             batch.clear().add_tokens(tokens[start:min(start + ctx.n_batch, depth)], start, "none")
             ctx.decode(batch)
-
-    try:
-        fill()
         ref = np.empty((wmax, ctx.n_vocab), dtype=np.float32)
         for i in range(wmax):
             batch.clear().add_tokens([tokens[depth + i]], depth + i, "all")
             ctx.decode(batch)
             ref[i] = ctx.logits_block(1)[0]
-        differing = {}
+        rows = {}
         for w in widths:
             ctx.seq_rm(depth)
             batch.clear().add_tokens(tokens[depth:depth + w], depth, "all")
             ctx.decode(batch)
-            differing[w] = int((ctx.logits_block(w) != ref[:w]).any(axis=1).sum())
+            got = ctx.logits_block(w)
+            diff = np.abs(got - ref[:w])
+            rows[w] = {"max_abs_diff": float(diff.max()), "rows_differing": int((diff.max(axis=1) > 0).sum()),
+                       "argmax_moves": int((got.argmax(axis=1) != ref[:w].argmax(axis=1)).sum())}
     finally:
         ctx.clear()
-    return differing
+    return rows
+
+
+def measure(ctx: "native.Context", batch: "native.Batch", model: "native.Model", depth: int,
+            widths=PROBE_WIDTHS) -> dict:
+    """Per probed width: how many rows differ from one-token decoding in any bit (PROBE_TEXT)."""
+    need = depth + max(widths)
+    tokens = model.tokenize(PROBE_TEXT * (1 + need // 20), add_special=True)[:need]
+    if len(tokens) < need:  # a tokenizer that merges the whole text: vary it
+        tokens = (tokens * (1 + need // max(len(tokens), 1)))[:need]
+    return {w: r["rows_differing"] for w, r in compare_widths(ctx, batch, tokens, depth, widths).items()}
 
 
 def widest_exact(differing: dict) -> int:

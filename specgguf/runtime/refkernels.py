@@ -57,7 +57,7 @@ def _first(folder: Path, stem: str) -> Path:
 _ggml: _Ggml | None = None
 
 
-def _functions(libllama_path: str) -> _Ggml:
+def functions(libllama_path: str) -> _Ggml:
     global _ggml
     if _ggml is None:
         try:
@@ -72,7 +72,7 @@ def _functions(libllama_path: str) -> _Ggml:
 def reference_cpu_kernels(libllama_path: str):
     """Within the block, every CPU backend llama.cpp creates computes with ggml's reference
     kernels; yields a list that receives each such backend (a caller checks it is not empty)."""
-    g = _functions(libllama_path)
+    g = functions(libllama_path)
     dev = g.dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
     if not dev:
         raise LlamaError("the batch-invariant mode needs ggml's CPU device, and this build registers none")
