@@ -62,16 +62,12 @@ def batch_invariance(system_info: str) -> dict:
 
 def _mode_state() -> str:
     """Whether --batch-invariant can reach ggml's reference kernels in this build."""
-    from . import native, refkernels
+    from . import native
 
-    try:
-        g = refkernels.functions(native.library_path())
-        reachable = bool(g.dev_by_type(refkernels.GGML_BACKEND_DEVICE_TYPE_CPU))
-    except Exception as exc:  # noqa: BLE001 - reported, not raised: doctor never fails
-        return f"unavailable ({exc})"
+    state = native.reference_kernels_state()
     return ("available: --batch-invariant (ggml's reference CPU kernels, flash attention on, no repack; the "
-            "widest invariant verify batch is measured per model at its first load)" if reachable
-            else "unavailable: this build registers no CPU device")
+            "widest invariant verify batch is measured per model at its first load)" if state == "available"
+            else state)
 
 
 def _measured_widths() -> dict:

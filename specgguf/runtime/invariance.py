@@ -3,7 +3,7 @@
 On a quantised CPU target a position's logits differ in the last bits (up to half a logit)
 between a one-token decode and a verify batch of w rows, because ggml picks kernels by the
 number of rows (docs/machines.md, "Batch invariance"). In this mode the target runs with
-ggml's reference CPU kernels (runtime/refkernels.py), flash attention on (its vector path has
+ggml's reference CPU kernels (native.reference_cpu_kernels), flash attention on (its vector path has
 no per-width switch, and its split-KV decode is off under the reference flag), and weights
 outside the repack buffers (whose gemm takes rows in fours). What is left is measured, not
 assumed: `verify_width` decodes positions of a fixed text one at a time and as batches of the
