@@ -122,12 +122,12 @@ class Scheduler:
             except BaseException as exc:  # reported to the request; the worker lives on
                 job._send(_Failure(exc))
                 outcome = "failed"
-            job._send(Job._END)
-            with self._lock:
+            with self._lock:  # counted before the end is sent: a client that reads /metrics on its answer sees it
                 self.running, self._current = False, None
                 self.counts[outcome] += 1
                 if outcome == "served":
                     self._durations.append(time.monotonic() - t0)
+            job._send(Job._END)
 
     def close(self) -> None:
         """Cancel what waits, let the running job stop at its next round (or prefill chunk), and
