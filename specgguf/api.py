@@ -24,6 +24,8 @@ from .runtime.target import Target
 from .decoding.textstream import TextStream
 from .openai.tools import ToolSet
 
+MAX_PARALLEL = 64  # sequences per context (llama.cpp's own limit is higher; past this a batch never pays)
+
 
 @dataclass
 class Result:
@@ -89,7 +91,7 @@ class SpecGGUF:
                  chat_format: str | None = None, last_n_tokens_size: int = 64, logits_all: bool = False,
                  rpc_servers: str | list[str] | None = None, flash_attn: bool | None = False,
                  prompt_cache_bytes: int = 0, deterministic: bool = False, batch_invariant: bool = False,
-                 **llama_options):
+                 n_parallel: int = 1, **llama_options):
         """target (or Llama's name, model_path): the target GGUF (None: the embedded Gemma 3
         270M). llama_cpp.Llama's other keywords are honoured where they apply (n_ctx, n_threads,
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
@@ -110,7 +112,11 @@ class SpecGGUF:
         sampling's, whatever the drafter (docs/machines.md, "Batch invariance"): ggml's reference
         CPU kernels, flash attention on (whatever flash_attn says: the mode needs it), no repacked
         weights, and no verify batch wider than the width measured on this target at load (once
-        per model, a few seconds; cached). CPU only; it costs speed (README)."""
+        per model, a few seconds; cached). CPU only; it costs speed (README).
+        n_parallel: generations that run at once, from any threads, in one context (one target
+        pass per round for all of them: decoding/parallel.py), each with n_ctx tokens of its own
+        and its own prompt cache; more wait for a free slot. With ngram or suffix drafts, or
+        none."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
@@ -120,6 +126,13 @@ class SpecGGUF:
         llamaargs.whole("prompt_cache_bytes", prompt_cache_bytes, 0)
         llamaargs.flag("deterministic", deterministic)
         llamaargs.flag("batch_invariant", batch_invariant)
+        llamaargs.whole("n_parallel", n_parallel, 1)
+        if n_parallel > MAX_PARALLEL:
+            raise params.RequestError(f"n_parallel must be at most {MAX_PARALLEL} (got {n_parallel})",
+                                      param="n_parallel")
+        if n_parallel > 1 and batch_invariant:
+            raise params.RequestError("n_parallel > 1 and batch_invariant cannot be combined yet: a batch of several "
+                                      "sequences is not measured invariant; use one of them", param="n_parallel")
         if draft is None and draft_kind == "ngram":
             draft = "ngram"
         native.set_verbose(verbose)
@@ -130,19 +143,27 @@ class SpecGGUF:
         try:
             target = hub.resolve(target, what="target")
             self.target = Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                 rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant)
+                                 rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant,
+                                 n_parallel=n_parallel)
         except UserError as exc:  # a bad argument or file: a ValueError, as Llama raises
             raise llamaargs.as_value_error(exc) from None
         try:
             if n_threads_batch is not None:
                 self.target.ctx.set_threads(self.target.n_threads, n_threads_batch)
+            deterministic = deterministic or self._seed is not None
             if draft is not None:
                 from .converters.hubdraft import resolve_draft  # a checkpoint repo: converted once, cached
 
-                self.drafter = make_drafter(str(resolve_draft(draft, target)), self.target, kind=draft_kind, draft_max=draft_max,
-                                            n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
-            self.engine = Engine(self.target, self.drafter, draft_max,
-                                 deterministic=deterministic or self._seed is not None)
+                draft = str(resolve_draft(draft, target))
+            if n_parallel > 1:
+                self._pool = self._slot_pool(draft, draft_kind, draft_max, n_threads, draft_p_min, deterministic)
+                self.engine = self._pool.engines[0]
+                self.drafter = self.engine.drafter
+            else:
+                if draft is not None:
+                    self.drafter = make_drafter(draft, self.target, kind=draft_kind, draft_max=draft_max,
+                                                n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
+                self.engine = Engine(self.target, self.drafter, draft_max, deterministic=deterministic)
         except BaseException as exc:
             self.close()
             if isinstance(exc, UserError):
@@ -153,6 +174,37 @@ class SpecGGUF:
         self.model_name = Path(str(target)).stem
         self._chat_format: ChatFormat | None = None
         self._plain: Engine | None = None
+
+    _pool = None  # decoding.parallel.SlotPool when n_parallel > 1
+
+    @property
+    def n_parallel(self) -> int:
+        """Generations this model runs at once (its slots)."""
+        return 1 if self._pool is None else self._pool.n
+
+    def slots_status(self) -> dict | None:
+        """With n_parallel > 1: slots, slots_busy, batch_width (rows of the last target pass) and
+        passes (target passes so far); None with one sequence."""
+        pool = self._pool
+        if pool is None:
+            return None
+        return {"slots": pool.n, "slots_busy": pool.busy(), "batch_width": pool.shared.last_width,
+                "passes": pool.shared.passes}
+
+    def _slot_pool(self, draft, draft_kind, draft_max, n_threads, p_min, deterministic):
+        """n_parallel slots, each with its own drafter and engine."""
+        from .decoding.parallel import SlotPool
+
+        if draft not in (None, "ngram", "suffix"):  # a draft model has one context: one sequence
+            raise UserError(f"n_parallel > 1 drafts with ngram or suffix lookups for now, not a draft model "
+                            f"({Path(draft).name}): drop the draft model or run one sequence", param="n_parallel")
+
+        def make_engine(slot):
+            drafter = None if draft is None else make_drafter(draft, slot, kind=draft_kind, draft_max=draft_max,
+                                                               n_threads=n_threads, p_min=p_min)
+            return Engine(slot, drafter, draft_max, deterministic=deterministic)
+
+        return SlotPool(self.target, make_engine)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft: str | None = None,
@@ -216,6 +268,9 @@ class SpecGGUF:
         """Forget the context's contents: the next generation reads its whole prompt (saved
         states of the prompt cache stay; `set_cache(None)` drops them)."""
         self._check_open()
+        if self._pool is not None:
+            self._pool.reset()
+            return
         self.target.acquire(self)  # waits for another thread's generation; refuses an unfinished one
         try:
             self.target.ctx.clear()
@@ -232,6 +287,9 @@ class SpecGGUF:
 
         self._check_open()
         capacity_bytes = llamaargs.whole("capacity_bytes", capacity_bytes, 0)
+        if capacity_bytes and self._pool is not None:
+            raise UserError("saved cache states are kept for one sequence only: with n_parallel > 1 each slot keeps "
+                            "its own live context (its prompt cache), so set no cache bytes", param="capacity_bytes")
         self.target.saved_states = StateCache(capacity_bytes) if capacity_bytes else None
 
     def set_cache(self, cache) -> None:
@@ -253,6 +311,7 @@ class SpecGGUF:
         from .decoding.promptcache import SavedState
 
         self._check_open()
+        self._one_sequence("save_state")
         target, drafter = self.target, self.drafter
         target.acquire(self)
         try:
@@ -271,6 +330,7 @@ class SpecGGUF:
         if not isinstance(state, SavedState):
             raise params.RequestError(f"load_state takes a state from SpecGGUF.save_state (got {type(state).__name__})",
                                       param="state", code="invalid_type")
+        self._one_sequence("load_state")
         target, drafter = self.target, self.drafter
         target.acquire(self)
         try:
@@ -375,14 +435,25 @@ class SpecGGUF:
         self._check_open()
         stop = params.stop_strings(stop)  # checked once, here: every front end passes through
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
-        engine = self.engine if speculate else self._plain_engine()
-        gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)
+        if self._pool is not None:  # the free slot whose cache holds most of the prompt
+            engines = self._pool.engines if speculate else \
+                self._pool.plain_engines(lambda slot: Engine(slot, None, 1))
+            gen = engines[0].generate_on(engines, self._pool, prompt_tokens, max_tokens, sampling=sp,
+                                         cancelled=cancelled, grammar=grammar)
+        else:
+            engine = self.engine if speculate else self._plain_engine()
+            gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)
         return gen, TextStream(gen, self.target.model, stop)
 
     def _plain_engine(self) -> Engine:
         if self._plain is None:
             self._plain = Engine(self.target, None, 1)
         return self._plain
+
+    def _one_sequence(self, what: str) -> None:
+        if self._pool is not None:
+            raise UserError(f"{what} works on one sequence: this model runs n_parallel={self._pool.n}; "
+                            "create it with n_parallel=1 for saved states")
 
     def _check_open(self) -> None:
         if self.target is None:
@@ -555,6 +626,12 @@ class SpecGGUF:
     # -- resources -------------------------------------------------------------------------
     def close(self) -> None:
         """Free the draft and the target (contexts, then models). Safe to call twice."""
+        if getattr(self, "_pool", None) is not None:
+            self._pool.close()  # waits for the running generations
+            for engine in self._pool.engines:
+                if engine.drafter is not None and engine.drafter is not self.drafter:
+                    engine.drafter.close()
+            self._pool = None
         if getattr(self, "drafter", None) is not None:
             self.drafter.close()  # the draft context may point at the target's: free it first
             self.drafter = None

@@ -527,3 +527,21 @@ def test_hybrid_takes_the_source_that_pays():
     h.begin([1, 2, 9, 5, 1, 2])  # a 2-token match: weak
     h.draft([1, 2, 9, 5, 1, 2], 9, 6, 64)
     assert h.source == "model"
+
+
+def test_a_wide_batch_drafts_only_what_is_nearly_certain():
+    """Parallel sequences (tuning.best_prefix's batch): a drafted row costs every sequence of
+    the pass, so the acceptance a token needs rises with the rows the others bring. A pass of
+    15 ms plus 6 ms per row: alone a token pays from about 0.4, beside three plain sequences
+    (3 rows, 3 tokens a round) from about 6 / 8.25 = 0.73."""
+    from specgguf.decoding.tuning import best_prefix
+
+    c = costs(0.015, 0.006, widths=range(0, 40))
+    for p in (0.5, 0.6):
+        assert best_prefix(c, [p] * 8, 8)[0] > 0  # alone it drafts
+        assert best_prefix(c, [p] * 8, 8, batch=(3, 3.0))[0] == 0  # in the batch it does not
+    assert 0 < best_prefix(c, [0.95] * 8, 8, batch=(3, 3.0))[0] < best_prefix(c, [0.95] * 8, 8)[0]  # copying pays, less far
+    assert best_prefix(c, [0.95] * 8, 8, batch=(0, 0.0)) == best_prefix(c, [0.95] * 8, 8)
+    lengths = LengthController(8, c)
+    lengths.batch = (3, 3.0)
+    assert lengths.value([0.9] * 8)[0] <= LengthController(8, c).value([0.9] * 8)[0]

@@ -150,6 +150,14 @@ class Engine:
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
         return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar)
 
+    def generate_on(self, engines, pool, prompt_tokens, max_tokens=256, sampling=None, cancelled=None,
+                    grammar=None) -> "Generation":
+        """generate(), on whichever engine of `engines` (one per slot of `pool`, all built like
+        this one) has the best free slot when the generation starts (decoding/parallel.py)."""
+        gen = self.generate(prompt_tokens, max_tokens, sampling, cancelled, grammar)
+        gen.slots = (pool, engines)
+        return gen
+
     def fixed_lengths(self):
         """A fresh LengthController on `tuning.prior_costs`, with fresh calibrations: what it
         chooses depends on this generation's tokens only (nothing timed, nothing read from or
@@ -194,17 +202,11 @@ class Generation:
         # None: plain greedy, the hot path that touches no probability vector at all
         plain = sampling is None or (sampling.greedy and not sampling.penalized and not sampling.logit_bias)
         self.sampler = None if plain else Sampler(sampling)
-        self._drafter_samples = self.sampler is not None and engine.drafter is not None \
-            and engine.drafter.samples
         self.stats = GenerationStats(prompt_tokens=len(prompt))
-        # auto lengths, deterministic when asked for or when a seed is given (Engine's doc)
-        self.lengths = engine.lengths
-        seeded = sampling is not None and sampling.seed is not None
-        if self.lengths is not None and (engine.deterministic or seeded):
-            self.lengths = engine.fixed_lengths()
-        self.stats.lengths = ("none" if engine.drafter is None else "fixed" if engine.lengths is None
-                              else "auto" if self.lengths is engine.lengths else "deterministic")
-        self.stats.verify_width = getattr(engine.target, "verify_width", None)
+        self._seeded = sampling is not None and sampling.seed is not None
+        self._bind(engine)
+        # (pool, engines): the engine is chosen among these, one per slot, when the run starts
+        self.slots = None
         if self.sampler is not None and not sampling.greedy:
             self.stats.seed = self.sampler.seed  # drawn when none was given: repeat the run with it
         self.finish_reason: str | None = None
@@ -220,6 +222,19 @@ class Generation:
         # a trace.RoundTrace: per-phase Python time of every round (scripts/gpu_check.py --trace)
         self.trace = None
         self._it = self._run()
+
+    def _bind(self, engine: Engine) -> None:
+        """Run on `engine`: its drafter, and its length chooser (deterministic when asked for
+        or when a seed is given: Engine's doc)."""
+        self.engine = engine
+        self._drafter_samples = self.sampler is not None and engine.drafter is not None \
+            and engine.drafter.samples
+        self.lengths = engine.lengths
+        if self.lengths is not None and (engine.deterministic or self._seeded):
+            self.lengths = engine.fixed_lengths()
+        self.stats.lengths = ("none" if engine.drafter is None else "fixed" if engine.lengths is None
+                              else "auto" if self.lengths is engine.lengths else "deterministic")
+        self.stats.verify_width = getattr(engine.target, "verify_width", None)
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -377,6 +392,13 @@ class Generation:
         return ids
 
     def _run(self) -> Iterator[int]:
+        if self.slots is not None:  # parallel sequences: the free slot that holds most of the prompt
+            pool, engines = self.slots
+            engine = pool.choose(self, engines)
+            if engine is None:
+                self.finish_reason = "cancelled"
+                return
+            self._bind(engine)
         target, drafter = self.engine.target, self.engine.drafter
         target.acquire(self)
         try:
@@ -413,6 +435,9 @@ class Generation:
             if drafter is not None:
                 drafter.chooser = lengths
         clock = time.perf_counter
+        batch_view = getattr(ctx, "batch_others", None)  # parallel sequences: the rest of the pass
+        if lengths is not None:
+            lengths.batch = None
         if not self._prefill():
             self.finish_reason = "cancelled"
             return
@@ -444,6 +469,8 @@ class Generation:
                 if lengths is not None:
                     if timed:
                         lengths.costs = engine.profile.costs_for(pos0)
+                    if batch_view is not None:
+                        lengths.batch = batch_view()
                     if drafter is None:
                         n_round = 0
                     else:  # a lookup drafter offers all it has, then the prefix that pays is kept
@@ -502,6 +529,7 @@ class Generation:
                 if tr is not None:
                     tr.mark("process")
                 ctx.seq_rm(pos0 + k + 1)
+                ctx.outputs_read(k + 1)  # a shared context's next pass may overwrite the logits now
                 t3 = clock()
                 stats.draft_s += (t1 - t0) + (t3 - t2)
                 stats.verify_s += t2 - t1
@@ -509,8 +537,9 @@ class Generation:
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost
+                    # a shared pass is timed by the pool (its width is everybody's rows), not here
                     lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2),
-                                   None if ctx.cold else t2 - t1, conf, own_conf)
+                                   None if ctx.cold or batch_view is not None else t2 - t1, conf, own_conf)
                 history.extend(verify[:k + 1])
                 self._synced = history
                 id_last, pos0 = ids[-1], pos0 + k + 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from ..runtime.paths import cache_dir
@@ -83,7 +84,7 @@ def load(key: str, kind=Costs):
 
 def save(key: str, what) -> None:
     path = _path(key)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")  # parallel slots save from threads
     tmp.write_text(json.dumps(what.to_dict()))
     os.replace(tmp, path)
 
@@ -104,6 +105,9 @@ class ProfileStore:
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()
+        # parallel sequences share one store (decoding/parallel.py): their threads save it, the
+        # pass that measures it observes; one at a time
+        self.lock = threading.RLock()
         self.calibration: Calibration | None = None  # set by `load_calibration`, saved with the costs
 
     def load_calibration(self, fresh: Calibration | None = None) -> Calibration:
@@ -128,6 +132,14 @@ class ProfileStore:
         bucket = depth_bucket(pos)
         costs = self.buckets.get(bucket)
         if costs is None:
+            with self.lock:
+                return self._new_bucket(bucket)
+        self._dirty.add(bucket)  # used this generation: saved after it
+        return costs
+
+    def _new_bucket(self, bucket: int) -> Costs:
+        costs = self.buckets.get(bucket)
+        if costs is None:
             costs = self._load(bucket)
             if costs is None:
                 shallower = [b for b in self.buckets if b < bucket]
@@ -139,7 +151,11 @@ class ProfileStore:
         return costs
 
     def save(self) -> None:
-        for bucket in self._dirty:
+        with self.lock:
+            self._save()
+
+    def _save(self) -> None:
+        for bucket in list(self._dirty):
             costs = self.buckets[bucket]
             if costs.verify:
                 try:

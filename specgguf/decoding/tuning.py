@@ -291,15 +291,22 @@ class Acceptance:
 
 
 def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
-                draft_cost=None) -> tuple[int, float]:
+                draft_cost=None, batch: tuple[int, float] | None = None) -> tuple[int, float]:
     """(n, expected tokens per second) for the best n in 0..n_avail, given acceptance `accept`
     (one conditional rate per position) and `overhead` seconds every round pays anyway.
-    draft_cost: D(n) for n = 0..n_avail (None: free). Ties go to the shorter draft."""
-    v = costs.curve_list(n_avail)
+    draft_cost: D(n) for n = 0..n_avail (None: free). Ties go to the shorter draft.
+    batch: (rows, tokens) the other sequences of a shared pass put in it and commit from it
+    (decoding/parallel.py): the pass then costs V(rows + n) and the rate counted is the whole
+    batch's, so a drafted token pays only if its chance beats its row's share of everybody's
+    pass; a lone sequence is (0, 0)."""
+    rows, tokens = batch or (0, 0.0)
+    v = costs.curve_list(n_avail + rows)
+    if rows:
+        v = v[rows:rows + n_avail + 1]
     if draft_cost is not None:
         v = [a + b for a, b in zip(v, draft_cost)]
-    best_n, best_rate = 0, 1.0 / (v[0] + overhead + 1e-12)
-    e, run = 1.0, 1.0
+    e, run = 1.0 + tokens, 1.0
+    best_n, best_rate = 0, e / (v[0] + overhead + 1e-12)
     for n in range(1, n_avail + 1):
         run *= accept[n - 1]
         if run < 1e-4:  # nothing further can pay: E(n) stops growing while V(n) does not fall
@@ -311,14 +318,14 @@ def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
     return best_n, best_rate
 
 
-def choose_length(costs: Costs, accept: list[float], n_max: int) -> int:
+def choose_length(costs: Costs, accept: list[float], n_max: int, batch: tuple[int, float] | None = None) -> int:
     """The n in 0..n_max with the best expected tokens per second (0 when nothing pays)."""
     if not costs.verify:
         return min(n_max, 2)  # nothing measured yet: a short draft measures both sides
-    if 0 not in costs.fresh:
+    if 0 not in costs.fresh and batch is None:
         return 0  # then one plain round: the baseline every other length is compared with
     draft = [costs.draft_cost(n) for n in range(n_max + 1)]
-    return best_prefix(costs, accept, n_max, draft_cost=draft)[0]
+    return best_prefix(costs, accept, n_max, draft_cost=draft, batch=batch)[0]
 
 
 class LengthController:
@@ -336,6 +343,9 @@ class LengthController:
         self.rebase_every = 32
         self._probe_after = probe_every
         self._idle = self._rounds = self._since_plain = self._lookups = 0
+        # parallel sequences: (rows, tokens) of the others in the shared pass (best_prefix), set
+        # by the engine every round; None for a lone sequence
+        self.batch: tuple[int, float] | None = None
 
     def reset(self) -> None:
         """A new generation: acceptance is per text, costs and calibration carry over."""
@@ -346,7 +356,7 @@ class LengthController:
     def value(self, confidence) -> tuple[int, float]:
         """(n, tokens per second) of the best prefix of a draft with these raw confidences."""
         rates = self.calibration.rates(confidence) if len(confidence) else ()
-        return best_prefix(self.costs, rates, len(confidence), self.costs.lookup or 0.0)
+        return best_prefix(self.costs, rates, len(confidence), self.costs.lookup or 0.0, batch=self.batch)
 
     def cut(self, confidence) -> int:
         """How many tokens of a lookup draft (scored by `confidence`) to verify. None while no
@@ -354,7 +364,7 @@ class LengthController:
         compared with (it costs one token's time). A profile from an earlier run stands in
         until this run's own rounds measure the widths it uses (Costs._knots rescales it)."""
         self._lookups += 1
-        if 0 not in self.costs.verify:
+        if 0 not in self.costs.verify and self.batch is None:
             return 0
         if not confidence:
             return 0
@@ -377,7 +387,7 @@ class LengthController:
         """(n, tokens per second) of the best length for a sequential draft of at most n_max."""
         n_max = self.n_max if n_max is None else min(n_max, self.n_max)
         draft = [self.costs.draft_cost(n) for n in range(n_max + 1)]
-        return best_prefix(self.costs, self.acceptance.rates(), n_max, draft_cost=draft)
+        return best_prefix(self.costs, self.acceptance.rates(), n_max, draft_cost=draft, batch=self.batch)
 
     def keep_drafting(self, confidence, n_max: int) -> bool:
         """A sequential drafter has drafted len(confidence) tokens of a planned n_max, scored
@@ -411,7 +421,7 @@ class LengthController:
         return expected_tokens(self.acceptance.rates(), n) / max(v, 1e-12)
 
     def next_length(self) -> int:
-        n = choose_length(self.costs, self.acceptance.rates(), self.n_max)
+        n = choose_length(self.costs, self.acceptance.rates(), self.n_max, self.batch)
         self._rounds += 1
         if n == 0:
             self._since_plain = 0

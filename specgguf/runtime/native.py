@@ -222,7 +222,7 @@ class Model(_Owned):
         self.eos = C.llama_vocab_eos(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.mask = C.llama_vocab_mask(self.vocab)  # -1 when the vocabulary has none
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._local = threading.local()  # per thread: a piece buffer (the server's threads detokenize at once)
         self._eog_cache: dict[int, bool] = {}
 
     def _free(self, ptr):
@@ -300,7 +300,9 @@ class Model(_Owned):
         return out
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
-        buf = self._piece_buf
+        buf = getattr(self._local, "piece_buf", None)
+        if buf is None:
+            buf = self._local.piece_buf = ctypes.create_string_buffer(256)
         n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -321,17 +323,22 @@ class Model(_Owned):
 
 
 class Context(_Owned):
-    """An inference context (KV cache, compute buffers) on a `Model`, sequence 0 only."""
+    """An inference context (KV cache, compute buffers) on a `Model`. Its KV calls name one
+    sequence (`seq`, 0 by default); a context made with n_seq_max > 1 holds that many, in one
+    unified cache so that a batch mixing them is one pass (decoding/parallel.py)."""
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_ubatch: int | None = None,
                  n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
                  embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None,
-                 mtp: bool = False, reference_kernels: bool = False):
+                 mtp: bool = False, reference_kernels: bool = False, n_seq_max: int = 1):
         params = C.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
         params.n_ubatch = int(n_ubatch or n_batch)
-        params.n_seq_max = 1
+        params.n_seq_max = int(n_seq_max)
+        # unified: a batch holding rows of several sequences, of any lengths, is one ubatch
+        # (a split cache would cut it into equal shares per sequence, one pass each)
+        params.kv_unified = n_seq_max > 1
         params.n_outputs_max = int(n_outputs_max)  # 0 = n_batch: always safe (docs/loop.md §6.1)
         threads = int(n_threads or default_threads())
         params.n_threads = threads
@@ -429,54 +436,62 @@ class Context(_Owned):
     def synchronize(self) -> None:
         C.llama_synchronize(self.ptr)
 
+    def outputs_read(self, committed: int = 0) -> None:
+        """The caller is done with the last pass's outputs (a context shared by parallel
+        sequences waits for that before its next pass: decoding/parallel.py); nothing here."""
+
     # -- KV cache -------------------------------------------------------------------------
-    def seq_rm(self, p0: int, p1: int = -1) -> None:
-        """Remove cells of sequence 0 at positions [p0, p1) (p1 < 0: to the end)."""
-        if not C.llama_memory_seq_rm(self.mem, 0, p0, p1):
+    def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
+        """Remove cells of sequence `seq` at positions [p0, p1) (p1 < 0: to the end)."""
+        if not C.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise LlamaError(f"could not remove KV cells from position {p0}")
 
-    def try_seq_rm(self, p0: int) -> bool:
+    def try_seq_rm(self, p0: int, seq: int = 0) -> bool:
         """Remove the cells at positions >= p0; False where the cache cannot (a recurrent
         state, which keeps no per-position cells), leaving it to the caller to clear."""
-        return bool(C.llama_memory_seq_rm(self.mem, 0, p0, -1))
+        return bool(C.llama_memory_seq_rm(self.mem, seq, p0, -1))
 
-    def pos_max(self) -> int:
-        return C.llama_memory_seq_pos_max(self.mem, 0)
+    def pos_max(self, seq: int = 0) -> int:
+        return C.llama_memory_seq_pos_max(self.mem, seq)
 
-    def pos_min(self) -> int:
+    def pos_min(self, seq: int = 0) -> int:
         """The oldest position the cache still holds (-1: empty); a sliding-window cache
         forgets cells that fell out of the window."""
-        return C.llama_memory_seq_pos_min(self.mem, 0)
+        return C.llama_memory_seq_pos_min(self.mem, seq)
 
-    def can_resume_at(self, n: int) -> bool:
+    def can_resume_at(self, n: int, seq: int = 0) -> bool:
         """Whether the cache still holds what a decode at position n reads after the cells
         from n on are removed: every cell when the model attends to all of them, the last
         n_swa before n when its layers slide a window (llama-server's own check)."""
         if n <= 0:
             return True
-        pos_min = self.pos_min()
+        pos_min = self.pos_min(seq)
         return 0 <= pos_min <= max(0, n - self.model.n_swa)
 
     # -- saved states (the prompt cache beyond the live context) -----------------------
-    def state_bytes(self) -> bytes:
-        """Sequence 0's cells (KV or recurrent state) as one byte string."""
-        size = C.llama_state_seq_get_size(self.ptr, 0)
+    def state_bytes(self, seq: int = 0) -> bytes:
+        """Sequence `seq`'s cells (KV or recurrent state) as one byte string."""
+        size = C.llama_state_seq_get_size(self.ptr, seq)
         buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        n = C.llama_state_seq_get_data(self.ptr, buf, size, seq)
         if n != size:
             raise LlamaError(f"llama.cpp wrote {n} of {size} state bytes")
         return bytes(buf)
 
-    def load_state_bytes(self, data: bytes) -> None:
-        """Replace sequence 0's cells by `data` from `state_bytes` of a context on the same model."""
-        self.clear()
+    def load_state_bytes(self, data: bytes, seq: int = 0) -> None:
+        """Replace sequence `seq`'s cells by `data` from `state_bytes` of a context on the same model."""
+        self.clear(seq)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if C.llama_state_seq_set_data(self.ptr, buf, len(data), 0) != len(data):
-            self.clear()
+        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq) != len(data):
+            self.clear(seq)
             raise LlamaError("llama.cpp could not restore a saved state (context too small?)")
 
-    def clear(self) -> None:
-        C.llama_memory_clear(self.mem, True)
+    def clear(self, seq: int | None = None) -> None:
+        """Empty the cache (seq None) or one sequence's cells."""
+        if seq is None or C.llama_n_seq_max(self.ptr) == 1:
+            C.llama_memory_clear(self.mem, True)
+        else:
+            C.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     # -- hidden-state handover (eagle3 / dflash / dspark) ------------------------------------
     def set_layer_input(self, layer: int, enabled: bool = True) -> None:
@@ -570,9 +585,9 @@ class Batch(_Owned):
         self.n_tokens = self.n_outputs = 0
         return self
 
-    def add_token(self, token: int, pos: int, output: bool = False) -> int:
+    def add_token(self, token: int, pos: int, output: bool = False, seq: int = 0) -> int:
         ptr = self.ptr
-        i = C.llama_batch_ext_add_token(ptr, 0, token)
+        i = C.llama_batch_ext_add_token(ptr, seq, token)
         if i < 0:
             raise LlamaError(_ADD_ERRORS.get(i, f"could not add token {token} ({i})").format(token=token))
         self._pos[0] = pos
@@ -583,15 +598,15 @@ class Batch(_Owned):
         self.n_tokens += 1
         return i
 
-    def add_tokens(self, tokens, pos0: int, outputs: str = "none") -> None:
-        """Add tokens at consecutive positions; outputs: 'none', 'last' or 'all'. The batch is
+    def add_tokens(self, tokens, pos0: int, outputs: str = "none", seq: int = 0) -> None:
+        """Add tokens of sequence `seq` at consecutive positions; outputs: 'none', 'last' or 'all'. The batch is
         opaque in the C API (one call per entry and field), so this is three plain-integer calls
         per token and nothing else."""
         ptr, pos, addr = self.ptr, self._pos, self._pos_addr
         add, set_pos, set_output = _batch_add_token, _batch_set_pos, _batch_set_output
         out_from = 0 if outputs == "all" else len(tokens) - 1 if outputs == "last" else len(tokens)
         for j, tok in enumerate(tokens):
-            i = add(ptr, 0, tok)
+            i = add(ptr, seq, tok)
             if i < 0:
                 raise LlamaError(_ADD_ERRORS.get(i, f"could not add token {tok} ({i})").format(token=tok))
             pos[0] = pos0 + j

@@ -72,12 +72,15 @@ class Target:
 
     def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
-                 flash_attn: bool | None = False, batch_invariant: bool = False):
+                 flash_attn: bool | None = False, batch_invariant: bool = False, n_parallel: int = 1):
         """batch_invariant: ggml's reference CPU kernels, flash attention on, no repacked weights,
-        and `verify_width` measured (runtime/invariance.py); the target must run on the CPU."""
+        and `verify_width` measured (runtime/invariance.py); the target must run on the CPU.
+        n_parallel: sequences the context holds at once, each with n_ctx cells of its own
+        (decoding/parallel.py drives them); 1: the one sequence of every other use."""
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
+        self.n_parallel = _whole("n_parallel", n_parallel, 1, "a whole number of sequences >= 1")
         if batch_invariant and (n_gpu_layers or rpc_servers):
             raise UserError("the batch-invariant mode runs the target on the CPU (ggml's reference kernels are a "
                             "CPU backend switch): drop --gpu-layers/--rpc, or the mode", param="batch_invariant")
@@ -88,9 +91,10 @@ class Target:
             # flash_attn: off by default, as llama_cpp.Llama has it (docs/machines.md: lossless past 512
             # cells on the CPU); None lets llama.cpp choose (auto); True forces it on. The batch-invariant
             # mode needs it on: its vector path is the one kernel that is the same at every width
-            self.ctx = native.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+            self.ctx = native.Context(self.model, n_ctx=n_ctx * n_parallel, n_batch=n_batch, n_threads=n_threads,
                                       flash_attn=1 if batch_invariant else None if flash_attn is None
-                                      else int(flash_attn), reference_kernels=batch_invariant)
+                                      else int(flash_attn), reference_kernels=batch_invariant,
+                                      n_seq_max=n_parallel)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()
@@ -147,7 +151,8 @@ class Target:
 
     @property
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        """The context window of one sequence."""
+        return self.ctx.n_ctx // self.n_parallel
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=True)

@@ -1,0 +1,415 @@
+"""Parallel sequences: N generations at once in one llama.cpp context, one target pass per round
+for all of them (continuous batching; docs/loop.md §9).
+
+Each generation runs on its own thread, in the same loop as a lone one (engine.Generation):
+it drafts, asks for a verify pass, reads its rows and commits. What changes is underneath.
+A `Slot` is a view of the target for one sequence id: its context view (`SeqContext`) names
+that sequence in every KV call, its batch (`PendingRows`) only records the rows asked for,
+and its `decode` hands them to the `SharedContext`, which waits until every active sequence
+has asked (or `patience` has passed since the first one did), decodes all the rows in one
+batch, and wakes each sequence with the offset of its rows. A sequence reads its logits
+and says so (`outputs_read`) before the next pass may overwrite them. Sequences join at the
+next pass and leave when they end: a request never waits for another one to finish.
+
+The `SlotPool` hands a generation the free slot whose cache holds the longest prefix of its
+prompt (the per-slot prompt cache), and waits while all are busy. Output is unchanged: each
+row of a batch attends to its own sequence only, so on targets whose kernels are
+batch-invariant (F32, or the batch-invariant mode) an answer is the one it gets alone; on
+quantised targets with the default kernels a wider batch moves logits within the noise a
+verify batch already has (docs/machines.md), and answers can part at a near-tie.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import LlamaError, UserError
+
+# how long a pass waits for sequences that have not asked yet (their Python between passes
+# is ~0.2-4 ms; one that waits on its client longer than this is left for the next pass)
+PATIENCE_S = 0.004
+
+
+class _Request:
+    __slots__ = ("seq", "rows", "n_tokens", "n_outputs", "done", "error", "token_offset", "output_offset")
+
+    def __init__(self, seq: int, rows):
+        self.seq, self.rows = seq, rows
+        self.n_tokens = sum(len(tokens) for tokens, _, _ in rows)
+        self.n_outputs = sum(len(tokens) if outputs == "all" else 1 if outputs == "last" and tokens else 0
+                             for tokens, _, outputs in rows)
+        self.done, self.error = False, None
+        self.token_offset = self.output_offset = 0
+
+
+class SharedContext:
+    """One multi-sequence native.Context and its batch, shared by the threads of the slots."""
+
+    def __init__(self, ctx, batch, patience_s: float = PATIENCE_S):
+        self.ctx, self.batch, self.patience_s = ctx, batch, patience_s
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._first_pending = 0.0
+        self._active: set[int] = set()  # sequences in a generation
+        self._holders: set[int] = set()  # sequences still reading the last pass's outputs
+        self._busy = False  # a pass, or a KV call, is running on the context
+        self.passes = 0
+        self.last_width = 0  # rows of the last pass (/metrics)
+        # what each sequence put in its last pass (output rows) and commits per round (a moving
+        # average): the rest of the batch, as one sequence's length chooser sees it
+        self._rows: dict[int, int] = {}
+        self._tokens: dict[int, float] = {}
+        # on_pass(rows, seconds, positions): a pass whose rows all had outputs, timed (a verify
+        # pass of that width, for the cost profile); None: not reported
+        self.on_pass = None
+
+    # -- membership ---------------------------------------------------------------------------
+    def join(self, seq: int) -> None:
+        with self._cond:
+            self._active.add(seq)
+
+    def leave(self, seq: int) -> None:
+        with self._cond:
+            self._active.discard(seq)
+            self._holders.discard(seq)
+            self._rows.pop(seq, None)
+            self._tokens.pop(seq, None)
+            self._cond.notify_all()
+
+    def outputs_read(self, seq: int, committed: int = 0) -> None:
+        """`seq` is done with its outputs of the last pass, from which it committed `committed` tokens."""
+        if committed:
+            old = self._tokens.get(seq)
+            self._tokens[seq] = committed if old is None else old + 0.25 * (committed - old)
+        if seq in self._holders:
+            with self._cond:
+                self._holders.discard(seq)
+                self._cond.notify_all()
+
+    def others(self, seq: int) -> tuple[int, float]:
+        """(output rows, tokens committed per round) of the other active sequences."""
+        rows = tokens = 0
+        for s in list(self._active):
+            if s != seq:
+                rows += self._rows.get(s, 1)
+                tokens += self._tokens.get(s, 1.0)
+        return rows, tokens
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    # -- passes -------------------------------------------------------------------------------
+    def decode(self, seq: int, rows) -> tuple[int, int]:
+        """Decode `rows` ([(tokens, pos0, outputs)], one sequence's) in the next pass; returns
+        (token offset, output offset) of the first row in that pass's batch."""
+        req = _Request(seq, rows)
+        if req.n_tokens > self.batch.capacity:
+            raise LlamaError(f"{req.n_tokens} rows do not fit a batch of {self.batch.capacity}")
+        with self._cond:
+            self._holders.discard(seq)
+            if not self._pending:
+                self._first_pending = time.monotonic()
+            self._pending.append(req)
+            self._cond.notify_all()
+            while not req.done:
+                wait = self._ready()
+                if wait == 0.0:
+                    self._lead()
+                else:
+                    self._cond.wait(wait)
+        if req.error is not None:
+            raise req.error
+        return req.token_offset, req.output_offset
+
+    def _ready(self) -> float | None:
+        """0: a pass may start now; else how long to wait (None: until notified)."""
+        if self._busy or self._holders or not self._pending:
+            return None
+        asked = {r.seq for r in self._pending}
+        if self._active <= asked:
+            return 0.0
+        left = self._first_pending + self.patience_s - time.monotonic()
+        return 0.0 if left <= 0 else left
+
+    def _lead(self) -> None:
+        """Run one pass (called with the lock held; released while llama.cpp runs)."""
+        taken, n = [], 0
+        for r in self._pending:
+            if n + r.n_tokens > self.batch.capacity:
+                break
+            taken.append(r)
+            n += r.n_tokens
+        self._pending = self._pending[len(taken):]
+        self._first_pending = time.monotonic()
+        self._busy = True
+        self._cond.release()
+        error, seconds = None, 0.0
+        try:
+            batch = self.batch.clear()
+            tokens = outputs = 0
+            for r in taken:
+                r.token_offset, r.output_offset = tokens, outputs
+                for toks, pos0, outs in r.rows:
+                    batch.add_tokens(toks, pos0, outs, seq=r.seq)
+                tokens, outputs = tokens + r.n_tokens, outputs + r.n_outputs
+            t0 = time.perf_counter()
+            self.ctx.decode(batch)
+            seconds = time.perf_counter() - t0
+        except BaseException as exc:  # every sequence of the pass hears of it
+            error = exc
+        finally:
+            self._cond.acquire()
+        for r in taken:
+            if r.n_outputs:
+                self._rows[r.seq] = r.n_outputs
+        if error is None and outputs == n and self.on_pass is not None and not self.ctx.cold:
+            try:
+                self.on_pass(n, seconds, [pos0 for r in taken for _, pos0, _ in r.rows])
+            except Exception:  # a cost profile is an optimisation: never fail a pass for it
+                pass
+        self._busy = False
+        self.passes += 1
+        self.last_width = n
+        for r in taken:
+            r.done, r.error = True, error
+            if error is None and r.n_outputs:
+                self._holders.add(r.seq)
+        self._cond.notify_all()
+
+    def kv(self, fn, *args):
+        """Run a KV call (seq_rm, state copy, ...) while no pass runs."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            self._busy = True
+        try:
+            return fn(*args)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
+class PendingRows:
+    """A slot's batch: the engine fills it as it fills a native.Batch; decode hands it over."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.rows: list = []
+        self.n_tokens = self.n_outputs = 0
+
+    def clear(self) -> "PendingRows":
+        self.rows = []
+        self.n_tokens = self.n_outputs = 0
+        return self
+
+    def add_tokens(self, tokens, pos0: int, outputs: str = "none") -> None:
+        self.rows.append((list(tokens), pos0, outputs))
+        self.n_tokens += len(tokens)
+        self.n_outputs += len(tokens) if outputs == "all" else 1 if outputs == "last" and tokens else 0
+
+
+class SeqContext:
+    """native.Context's interface for one sequence of a shared context (what the engine calls)."""
+
+    def __init__(self, shared: SharedContext, seq: int, n_ctx: int):
+        self.shared, self.seq, self.n_ctx = shared, seq, n_ctx
+        ctx = shared.ctx
+        self.model, self.n_batch, self.n_ubatch, self.n_vocab = ctx.model, ctx.n_batch, ctx.n_ubatch, ctx.n_vocab
+        self._tokens = self._outputs = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.shared.ctx.closed
+
+    @property
+    def cold(self) -> bool:
+        return self.shared.ctx.cold
+
+    def decode(self, batch: PendingRows) -> None:
+        self._tokens, self._outputs = self.shared.decode(self.seq, batch.rows)
+
+    def outputs_read(self, committed: int = 0) -> None:
+        self.shared.outputs_read(self.seq, committed)
+
+    def batch_others(self) -> tuple[int, float]:
+        """(rows, tokens per round) the other sequences bring to a pass (tuning.best_prefix)."""
+        return self.shared.others(self.seq)
+
+    def logits(self, i: int):
+        return self.shared.ctx.logits(self._tokens + i)
+
+    def argmax(self, i: int) -> int:
+        return int(self.logits(i).argmax())
+
+    def logits_block(self, n_rows: int):
+        o = self._outputs
+        return self.shared.ctx.logits_block(o + n_rows)[o:]
+
+    def synchronize(self) -> None:
+        pass
+
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        self.shared.kv(self.shared.ctx.seq_rm, p0, p1, self.seq)
+
+    def try_seq_rm(self, p0: int) -> bool:
+        return self.shared.kv(self.shared.ctx.try_seq_rm, p0, self.seq)
+
+    def pos_max(self) -> int:
+        return self.shared.kv(self.shared.ctx.pos_max, self.seq)
+
+    def pos_min(self) -> int:
+        return self.shared.kv(self.shared.ctx.pos_min, self.seq)
+
+    def can_resume_at(self, n: int) -> bool:
+        return self.shared.kv(self.shared.ctx.can_resume_at, n, self.seq)
+
+    def state_bytes(self) -> bytes:
+        return self.shared.kv(self.shared.ctx.state_bytes, self.seq)
+
+    def load_state_bytes(self, data: bytes) -> None:
+        self.shared.kv(self.shared.ctx.load_state_bytes, data, self.seq)
+
+    def clear(self) -> None:
+        self.shared.kv(self.shared.ctx.clear, self.seq)
+
+
+class Slot:
+    """The target as one sequence sees it (engine.Engine takes it for a Target)."""
+
+    def __init__(self, pool: "SlotPool", seq: int):
+        target = pool.target
+        self.pool, self.seq, self.parent = pool, seq, target
+        self.ctx = SeqContext(pool.shared, seq, target.n_ctx)
+        self.batch = PendingRows(target.ctx.n_batch)
+        self.model, self.info = target.model, target.info
+        self.n_threads, self.n_gpu_layers, self.rpc_servers = target.n_threads, target.n_gpu_layers, target.rpc_servers
+        self.verify_width, self.batch_invariant = target.verify_width, target.batch_invariant
+        # the target's cost profile: a shared pass of R rows is measured as a verify pass of R rows
+        self.kernels = target.kernels
+        self.kept: list[int] | None = None  # this sequence's prompt cache (engine._reuse)
+        self.saved_states = None
+        self.active = self.owner = None  # the generation holding the slot, and its thread
+        self.last_used = 0.0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.parent.tokenize(text, add_special)
+
+    def acquire(self, generation) -> None:
+        self.pool.claim(self, generation)
+
+    def release(self) -> None:
+        self.pool.free(self)
+
+
+class SlotPool:
+    """N slots on one multi-sequence Target; engines per slot, built by `make_engine(slot)`."""
+
+    def __init__(self, target, make_engine, patience_s: float = PATIENCE_S):
+        self.target, self.n = target, target.n_parallel
+        if self.n < 2:
+            raise UserError("a slot pool needs a target made with n_parallel >= 2")
+        self.shared = SharedContext(target.ctx, target.batch, patience_s)
+        self.slots = [Slot(self, seq) for seq in range(self.n)]
+        self.engines = [make_engine(slot) for slot in self.slots]
+        # one cost profile for all: the shared passes measure it (widths of all the rows)
+        self.profile = self.engines[0].profile
+        for engine in self.engines[1:]:
+            if engine.profile is not None:
+                engine.profile = self.profile
+        if self.profile is not None:
+            self.shared.on_pass = self._measured
+        self._plain: list | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _measured(self, rows: int, seconds: float, positions: list[int]) -> None:
+        with self.profile.lock:
+            self.profile.costs_for(sum(positions) // len(positions)).observe_verify(rows - 1, seconds)
+
+    def plain_engines(self, make_plain):
+        if self._plain is None:
+            self._plain = [make_plain(slot) for slot in self.slots]
+        return self._plain
+
+    # -- choosing and holding slots -----------------------------------------------------------
+    def choose(self, generation, engines) -> object:
+        """The engine (of `engines`, one per slot) whose slot is free and holds the longest
+        prefix of the generation's prompt; waits while none is free (asking `cancelled`)."""
+        from .promptcache import common_prefix
+
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise UserError("the model was closed: create a new one to generate again")
+                free = [s for s in self.slots if s.active is None]
+                if free:
+                    body = generation.prompt[:-1]
+                    best = max(free, key=lambda s: (common_prefix(s.kept, body), -s.last_used))
+                    best.active, best.owner = generation, threading.get_ident()
+                    self.shared.join(best.seq)
+                    return engines[best.seq]
+                if generation.cancelled():
+                    return None
+                self._cond.wait(0.05)
+
+    def claim(self, slot: Slot, generation) -> None:
+        """Hold `slot` for `generation` (a no-op when choose() already did)."""
+        with self._cond:
+            if slot.active not in (None, generation) and slot.owner == threading.get_ident():
+                from ..runtime.target import BusyError
+
+                raise BusyError("this slot is already generating in this thread (an unfinished stream): finish or "
+                                "close() that generation first")
+            while slot.active is not None and slot.active is not generation:
+                if self._closed:
+                    raise UserError("the model was closed: create a new one to generate again")
+                self._cond.wait(0.05)
+            if self._closed:
+                raise UserError("the model was closed: create a new one to generate again")
+            if slot.active is None:
+                slot.active, slot.owner = generation, threading.get_ident()
+                self.shared.join(slot.seq)
+
+    def free(self, slot: Slot) -> None:
+        self.shared.leave(slot.seq)
+        with self._cond:
+            slot.active = slot.owner = None
+            slot.last_used = time.monotonic()
+            self._cond.notify_all()
+
+    def busy(self) -> int:
+        return sum(s.active is not None for s in self.slots)
+
+    def reset(self) -> None:
+        """Forget every slot's contents (each waits for its generation to end)."""
+        for slot in self.slots:
+            marker = object()
+            self.claim(slot, marker)
+            try:
+                slot.ctx.clear()
+                slot.kept = None
+                for engine in self.engines + (self._plain or []):
+                    if engine.target is slot and engine.drafter is not None:
+                        engine.drafter.kept = None
+            finally:
+                self.free(slot)
+
+    def close(self) -> None:
+        """Refuse new generations, end this thread's unfinished ones (as Target.close does) and
+        wait for the other threads' to end."""
+        me = threading.get_ident()
+        with self._cond:
+            self._closed = True
+            mine = [s.active for s in self.slots if s.active is not None and s.owner == me]
+        for generation in mine:
+            generation.close("cancelled")  # its cleanup frees the slot
+        with self._cond:
+            while any(s.active is not None for s in self.slots):
+                self._cond.wait(0.05)

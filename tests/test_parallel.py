@@ -1,0 +1,150 @@
+"""Parallel sequences (issue 28; decoding/parallel.py): several generations at once in one
+context, one target pass per round for all of them. On an F32 target every answer equals the
+same request run alone, with plain decoding and each lookup drafter, greedy and seeded
+sampling, when requests outnumber the slots, when one client stops reading mid-stream, and
+across the per-slot prompt cache; the rounds of different requests share passes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from specgguf.api import SpecGGUF
+
+N_CTX = 512
+PROMPTS = [
+    "one two three four five six seven eight one two three four five",
+    "the cat sat on the mat and the cat sat on the",
+    "red green blue red green blue red green",
+    "alpha beta gamma delta alpha beta gamma delta alpha",
+    "a b c d e f g a b c d e f g a b",
+    "hello world hello world hello world hello",
+]
+MAX_TOKENS = 40
+
+
+def alone(target, draft, prompts, **sampling):
+    """Each prompt's Result from a model with one sequence."""
+    with SpecGGUF(target, draft=draft, n_ctx=N_CTX) as llm:
+        return [llm.generate(p, max_tokens=MAX_TOKENS, **sampling) for p in prompts]
+
+
+def together(llm, prompts, **sampling):
+    """Every prompt on its own thread, all started at once; their tokens in prompt order."""
+    out: list = [None] * len(prompts)
+    errors: list = []
+    start = threading.Barrier(len(prompts))
+
+    def run(i, prompt):
+        try:
+            start.wait()
+            out[i] = llm.generate(prompt, max_tokens=MAX_TOKENS, **sampling)
+        except BaseException as exc:  # reported below, with the thread's prompt
+            errors.append((prompt, exc))
+
+    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "suffix"])
+def test_parallel_answers_equal_answers_alone(qwen3_target, draft):
+    want = alone(qwen3_target, draft, PROMPTS[:4])
+    with SpecGGUF(qwen3_target, draft=draft, n_ctx=N_CTX, n_parallel=4) as llm:
+        assert llm.n_ctx() == N_CTX  # every slot has the context asked for
+        got = together(llm, PROMPTS[:4])
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        rounds = sum(r.stats.rounds for r in got)
+        assert llm._pool.shared.passes < rounds  # rounds of different requests shared passes
+        if draft is not None:
+            assert sum(r.stats.drafted for r in got) > 0
+
+
+def test_more_requests_than_slots_and_seeded_sampling(qwen3_target):
+    sampling = {"temperature": 0.9, "seed": 11}
+    want = alone(qwen3_target, "ngram", PROMPTS, **sampling)
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:
+        got = together(llm, PROMPTS, **sampling)  # six requests, two slots: four wait their turn
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+
+
+def test_a_client_that_stops_reading_does_not_stop_the_others(qwen3_target):
+    want = alone(qwen3_target, "ngram", PROMPTS[:3])
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=3) as llm:
+        quit_early = llm.stream(PROMPTS[3], max_tokens=MAX_TOKENS)
+        next(quit_early)  # holds a slot, then is never read again until the end
+        got = together(llm, PROMPTS[:3])
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        quit_early.close()  # its slot is freed: all three are free again
+        assert llm._pool.busy() == 0
+
+
+def test_each_slot_keeps_its_prompt_cache(qwen3_target):
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:
+        long_a = " ".join(PROMPTS[:3])
+        long_b = " ".join(PROMPTS[3:])
+        first = together(llm, [long_a, long_b])
+        # the same conversations go on: each lands on the slot that holds it and reads only the rest
+        again = together(llm, [long_b + first[1].text + " and", long_a + first[0].text + " and"])
+        assert all(r.stats.cached_tokens >= 32 for r in again), [r.stats.cached_tokens for r in again]
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX) as ref:
+        assert ref.generate(long_a + first[0].text + " and", max_tokens=MAX_TOKENS).tokens == again[1].tokens
+
+
+def test_parallel_refusals(qwen3_target, qwen3_draft):
+    for bad in (0, -1, 65, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="n_parallel"):
+            SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=bad)
+    with pytest.raises(ValueError, match="ngram or suffix"):
+        SpecGGUF(qwen3_target, draft=str(qwen3_draft), n_ctx=N_CTX, n_parallel=2)
+    with pytest.raises(ValueError, match="batch_invariant"):
+        SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=2, batch_invariant=True)
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:
+        with pytest.raises(ValueError, match="one sequence"):
+            llm.save_state()
+        llm.reset()  # every slot forgets; still usable
+        assert llm.generate(PROMPTS[0], max_tokens=8).tokens
+
+
+def test_serve_parallel_answers_concurrent_clients_as_alone(qwen3_target):
+    """`specgguf serve --parallel 3` on the F32 target: streamed and whole answers to concurrent
+    clients equal the answers alone; /metrics shows the slots; a bad --parallel is one line."""
+    import openai
+
+    from serverproc import start_server
+
+    want = alone(qwen3_target, "ngram", PROMPTS[:5])
+    with start_server(qwen3_target, "--draft", "ngram", "--ctx", N_CTX, "--parallel", 3) as server:
+        c = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120)
+        out: dict = {}
+
+        def ask(i):
+            if i % 2:  # streamed
+                chunks = c.completions.create(model="m", prompt=PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0,
+                                              stream=True)
+                out[i] = "".join(ch.choices[0].text for ch in chunks)
+            else:
+                out[i] = c.completions.create(model="m", prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
+                                              temperature=0).choices[0].text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [out.get(i) for i in range(5)] == [r.text for r in want]
+        import urllib.request
+
+        metrics = urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/metrics").read().decode()
+        assert "specgguf_slots 3" in metrics and "specgguf_batch_width" in metrics
+    from conftest import run_cli
+
+    r = run_cli("serve", str(qwen3_target), "--parallel", "0")
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "--parallel" in r.stderr
+    r = run_cli("serve", str(qwen3_target), "--parallel", "2", "--cache-ram", "64")
+    assert r.returncode != 0 and "--cache-ram" in r.stderr and "Traceback" not in r.stderr
