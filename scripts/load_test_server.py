@@ -7,6 +7,7 @@ to the next. Prints a table and writes JSON (bench/load_test_server.json).
 
     .venv/bin/python scripts/load_test_server.py                    # Gemma 3 270M + ngram, 50 clients x 2
     .venv/bin/python scripts/load_test_server.py --clients 8 --rounds 2 --max-tokens 8
+    .venv/bin/python scripts/load_test_server.py --parallel 4     # four slots decoded together
 
 Only 127.0.0.1 is contacted: the script starts the server itself on a free loopback port.
 """
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=None, help="target GGUF (default: the embedded Gemma 3 270M)")
     ap.add_argument("--draft", default="ngram")
     ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--parallel", type=int, default=1, help="the server's --parallel slots")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--disconnect-every", type=int, default=5, help="every k-th client hangs up after 2 chunks")
@@ -140,13 +142,15 @@ def main(argv=None) -> int:
     from specgguf.runtime.defaults import default_target
 
     target = a.target or default_target()
-    args = [target, "--ctx", "1024", "--max-queue", str(a.clients + 8)] + (["--draft", a.draft] if a.draft else [])
+    args = [target, "--ctx", "1024", "--max-queue", str(a.clients + 8), "--parallel", str(a.parallel)] + \
+        (["--draft", a.draft] if a.draft else [])
     with start_server(*args) as server:
         report = run_load(server, a.clients, a.rounds, a.max_tokens, a.disconnect_every, a.time_limit)
     report["rss_ok"] = report["rss_growth_kib"] <= a.rss_limit_mib * 1024
     report["ok"] = report["ok"] and report["rss_ok"]
     print(f"{a.clients} streaming clients x {a.rounds} rounds, {a.max_tokens} tokens each, "
-          f"every {a.disconnect_every}th disconnects after 2 chunks; target {Path(str(target)).name}, draft {a.draft}")
+          f"every {a.disconnect_every}th disconnects after 2 chunks; target {Path(str(target)).name}, draft {a.draft}, "
+          f"--parallel {a.parallel}")
     print("| round | completed | correct | disconnected | errors | wall s | tok/s | p50 s | max s | tau | "
           "served/cancelled | RSS MiB |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")

@@ -111,7 +111,7 @@ def parse_draft_max(value: str) -> int | str:
 
 def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose, draft_kind=None, draft_p_min=0.0,
           rpc_servers=None, flash_attn=None, chat=False, offline=False, deterministic=False,
-          batch_invariant=False, **_):
+          batch_invariant=False, n_parallel=1, **_):
     """A SpecGGUF from the command's options. chat: with no TARGET, start the default chat
     model (an instruct model) rather than the API's default (the Gemma base model)."""
     from ..api import SpecGGUF
@@ -137,7 +137,7 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
     return SpecGGUF(target, draft=draft, draft_max=n, n_ctx=n_ctx, n_threads=n_threads,
                     n_gpu_layers=n_gpu_layers, verbose=verbose, draft_kind=draft_kind, draft_p_min=draft_p_min,
                     rpc_servers=rpc_servers, flash_attn={None: False, "off": False, "on": True, "auto": None}[flash_attn],
-                    deterministic=deterministic, batch_invariant=batch_invariant)
+                    deterministic=deterministic, batch_invariant=batch_invariant, n_parallel=n_parallel)
 
 
 def sampling_options(f):

@@ -61,40 +61,54 @@ def parse_origins(value: str) -> list[str]:
 @click.option("--port", type=int, default=8080, show_default=True, help="Port (0: any free one, printed).")
 @click.option("--api-key", default=None, envvar="SPECGGUF_API_KEY",
               help="Require 'Authorization: Bearer KEY' on every request (also $SPECGGUF_API_KEY).")
+@click.option("--parallel", "-np", type=int, default=1, show_default=True, metavar="N",
+              help="Requests decoded at once, in one batch per round (continuous batching), each with "
+                   "--ctx tokens of its own and its own prompt cache; more wait in the queue. With "
+                   "ngram or suffix drafts, or none.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
-              help="Requests that may wait behind the running one; more get 503 with Retry-After.")
+              help="Requests that may wait behind the running ones; more get 503 with Retry-After.")
 @click.option("--model-id", default=None, help="Model name the server reports (default: the target's file name).")
 @click.option("--strict-model-name", is_flag=True,
               help="Answer 404 to a request naming another model (default: any name gets this model).")
-@click.option("--cache-ram", type=int, default=2048, show_default=True, metavar="MIB",
+@click.option("--cache-ram", type=int, default=None, metavar="MIB",
               help="Prompt cache beyond the live context: up to MIB of saved cache states, so that "
                    "clients alternating between long prompts (documents, system prompts) are not "
-                   "re-read (0: keep only the live context, which every request reuses).")
+                   "re-read (0: keep only the live context, which every request reuses). Default 2048 "
+                   "with one slot; with --parallel > 1 each slot keeps its live context only.")
 @click.option("--cors-origins", default="*", show_default=True,
               help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
                    "'none' sends no CORS headers.")
-def serve(host, port, api_key, max_queue, model_id, strict_model_name, cache_ram, cors_origins, **opts):
+def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name, cache_ram, cors_origins, **opts):
     """Serve TARGET (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP
     API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (got {port})")
     if max_queue < 1:
         raise UserError(f"--max-queue must be at least 1 (got {max_queue})")
+    from ..api import MAX_PARALLEL
+
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise UserError(f"--parallel must be in 1..{MAX_PARALLEL} (got {parallel})")
+    if cache_ram is not None and parallel > 1 and cache_ram > 0:
+        raise UserError("--cache-ram keeps saved states for one sequence: with --parallel > 1 each slot keeps its "
+                        "own live context instead; drop --cache-ram or use --parallel 1")
+    cache_ram = (2048 if parallel == 1 else 0) if cache_ram is None else cache_ram
     if not 0 <= cache_ram <= 1 << 30:
         raise UserError(f"--cache-ram must be a number of MiB >= 0 (got {cache_ram})")
     origins = parse_origins(cors_origins)
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
-        with open_model(**opts, chat=True) as llm:
+        with open_model(**opts, chat=True, n_parallel=parallel) as llm:
             llm.set_cache_bytes(cache_ram << 20)
-            app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue,
+            app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue, workers=parallel,
                                     strict_model_name=strict_model_name,
                                     cors_origins=origins)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"
-            click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}) on "
+            slots = f", {parallel} parallel slots" if parallel > 1 else ""
+            click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}{slots}) on "
                        f"http://{bound_host}:{bound_port}/v1 ; Ctrl-C stops", err=True)
             config = uvicorn.Config(app, log_level="info" if opts.get("verbose") else "warning",
                                     timeout_graceful_shutdown=5, access_log=bool(opts.get("verbose")))

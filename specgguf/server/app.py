@@ -104,7 +104,7 @@ def _nesting(value) -> int:
 
 
 def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
-               cors_origins=("*",), strict_model_name: bool = False) -> Starlette:
+               cors_origins=("*",), strict_model_name: bool = False, workers: int | None = None) -> Starlette:
     """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use).
 
     A request may name any model: most OpenAI clients send a fixed name (`gpt-4o-mini`, or
@@ -112,9 +112,13 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     llama-server and llama-cpp-python's server do. strict_model_name: 404 for any other name.
 
     cors_origins: the browser origins allowed to call it (CORS, preflight included); "*", the
-    default as in llama-cpp-python's server, allows every origin; empty: no CORS headers."""
+    default as in llama-cpp-python's server, allows every origin; empty: no CORS headers.
+    workers: requests generated at once (default: the model's parallel slots, llm.n_parallel)."""
     model_id = model_id or llm.model_name
-    scheduler = Scheduler(max_waiting)
+    scheduler = Scheduler(max_waiting, workers or llm.n_parallel)
+
+    def queue_status() -> dict:
+        return {**scheduler.status(), **(llm.slots_status() or {})}
     # Checking a request (schema to grammar, grammar compilation), rendering its template and
     # tokenizing it read the model's vocabulary only, so they run beside the worker's decode, on
     # the scheduler's helper threads: the event loop keeps answering /health and the other clients.
@@ -135,7 +139,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
                 "specgguf": {"draft": draft, "draft_max": llm.engine.draft_max, "n_ctx": llm.n_ctx()}}
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": model_id, "queue": scheduler.status()})
+        return JSONResponse({"status": "ok", "model": model_id, "queue": queue_status()})
 
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [model_card()]})
@@ -233,7 +237,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         return JSONResponse({"text": text})
 
     async def metrics_text(request: Request):
-        return PlainTextResponse(metrics.render(scheduler.status()),
+        return PlainTextResponse(metrics.render(queue_status()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     routes = [

@@ -62,8 +62,13 @@ class Metrics:
         metric("tokens_per_second", "gauge", "Completion tokens per second of generation loop since start.",
                [("", t["generated_tokens"] / t["decode_s"] if t["decode_s"] else 0.0)])
         metric("requests_waiting", "gauge", "Requests waiting in the queue.", [("", queue.get("waiting", 0))])
-        metric("requests_running", "gauge", "Requests being generated (0 or 1).",
-               [("", int(bool(queue.get("running"))))])
+        metric("requests_running", "gauge", "Requests being generated (at most the slots).",
+               [("", queue.get("running_jobs", int(bool(queue.get("running")))))])
+        if "slots" in queue:
+            metric("slots", "gauge", "Sequences the model decodes at once (serve --parallel).", [("", queue["slots"])])
+            metric("slots_busy", "gauge", "Slots holding a generation now.", [("", queue["slots_busy"])])
+            metric("batch_width", "gauge", "Rows in the last target pass (every busy slot's pending token and draft).",
+                   [("", queue["batch_width"])])
         return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
-"""One worker thread that owns the model, and a bounded queue of jobs in front of it.
+"""Worker threads that run the model's generations, and a bounded queue of jobs in front of them.
 
-A `SpecGGUF` has one llama.cpp context: generations must run one at a time, and a blocking
-decode must not run on the HTTP event loop. So every request becomes a `Job` handed to a
-single worker thread; the worker pushes the job's results back to the event loop as they
+A blocking decode must not run on the HTTP event loop, so every request becomes a `Job` handed
+to a worker thread: one for a `SpecGGUF` with one sequence (its generations run one at a time),
+N for one made with n_parallel=N (`serve --parallel N`: each worker's generation holds a slot,
+and their rounds share target passes, decoding/parallel.py). A worker pushes the job's results back to the event loop as they
 come, and asks the job's `cancelled` flag after every chunk, which lets a client that went
 away stop its generation at the next round (the engine's generator is closed on the thread
 that runs it, never from another one). No HTTP here: the server is a thin layer on top.
@@ -66,21 +67,25 @@ class _Failure:
 
 
 class Scheduler:
-    """Runs jobs one at a time on its own thread; at most `max_waiting` wait behind the one running."""
+    """Runs jobs on `workers` threads, first come first served; at most `max_waiting` wait
+    behind the running ones."""
 
-    def __init__(self, max_waiting: int = 64):
+    def __init__(self, max_waiting: int = 64, workers: int = 1):
         if max_waiting < 1:
             raise ValueError("max_waiting must be at least 1")
-        self.max_waiting = max_waiting
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.max_waiting, self.workers = max_waiting, workers
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
         self._durations: deque = deque(maxlen=32)  # recent job times, for Retry-After
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0}
-        self.running = False
-        self._current: Job | None = None
-        self._thread = threading.Thread(target=self._loop, name="specgguf-worker", daemon=True)
-        self._thread.start()
+        self._current: set[Job] = set()  # the jobs running now
+        self._threads = [threading.Thread(target=self._loop, name=f"specgguf-worker-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
         # the work before a job (checks, templates, tokenizing, grammars): off the event loop, and
         # done before the model may be freed (close() waits for it)
         self.helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix="specgguf-prepare")
@@ -100,10 +105,14 @@ class Scheduler:
         mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
         return max(1, min(300, math.ceil(mean * (self._waiting + 1))))
 
+    @property
+    def running(self) -> bool:
+        return bool(self._current)
+
     def status(self) -> dict:
         with self._lock:
-            return {"waiting": self._waiting, "max_waiting": self.max_waiting, "running": self.running,
-                    **self.counts}
+            return {"waiting": self._waiting, "max_waiting": self.max_waiting, "running": bool(self._current),
+                    "running_jobs": len(self._current), "workers": self.workers, **self.counts}
 
     def _loop(self) -> None:
         while True:
@@ -112,7 +121,7 @@ class Scheduler:
                 return
             with self._lock:
                 self._waiting -= 1
-                self.running, self._current = True, job
+                self._current.add(job)
             t0 = time.monotonic()
             try:
                 if not job.cancelled.is_set():  # its client left while it waited: skip it
@@ -123,7 +132,7 @@ class Scheduler:
                 job._send(_Failure(exc))
                 outcome = "failed"
             with self._lock:  # counted before the end is sent: a client that reads /metrics on its answer sees it
-                self.running, self._current = False, None
+                self._current.discard(job)
                 self.counts[outcome] += 1
                 if outcome == "served":
                     self._durations.append(time.monotonic() - t0)
@@ -133,8 +142,8 @@ class Scheduler:
         """Cancel what waits, let the running job stop at its next round (or prefill chunk), and
         wait for the thread (and the helpers) to end: the model must not be freed under them."""
         with self._lock:
-            if self._current is not None:
-                self._current.cancel()
+            for job in self._current:
+                job.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -145,6 +154,8 @@ class Scheduler:
                 job._send(Job._END)
                 with self._lock:
                     self._waiting -= 1
-        self._queue.put(None)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
         self.helpers.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Benchmark: concurrent chat clients against `specgguf serve --parallel N` and against the
+one-at-a-time server (--parallel 1), on one machine (issue 28; decoding/parallel.py).
+
+Each of C clients (C in --clients, default 1,2,4,8) sends --requests chat requests one after
+another (greedy, up to --max-tokens tokens; the instruct requests of scripts/bench_prompts.py,
+a different one per client and request) to a server on loopback. Rows:
+  specgguf one-at-a-time      serve --parallel 1 (requests queue and run one by one)
+  specgguf --parallel N       serve --parallel N with N = min(C, --max-slots): C slots, one
+                              target pass per round for all of them
+each with --draft (default ngram) and with no draft. Reported per row and client count:
+aggregate tokens/s (all completion tokens over the wall time of the whole run) and per-client
+tokens/s (a client's tokens over the time its requests took, the mean over clients). The
+servers are warmed with one request first (cost profiles). A llama-server binary, when given
+(--llama-server PATH, built from the same llama.cpp), adds its rows: --parallel N with and
+without its n-gram speculation.
+
+    python scripts/bench_parallel.py [--clients 1,2,4,8] [--requests 3] [--max-tokens 96]
+                                     [--draft ngram] [--target GGUF] [--out bench/parallel.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from bench_prompts import INSTRUCT  # noqa: E402
+from serverproc import start_server  # noqa: E402
+
+MESSAGES = [[{"role": "user", "content": text}] for items in INSTRUCT.values() for text in items.values()]
+
+
+def _client(base_url: str):
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=900)
+
+
+def run_clients(base_url: str, clients: int, requests: int, max_tokens: int) -> dict:
+    """C clients at once, each `requests` requests in a row; their tokens and times."""
+    c = _client(base_url)
+    model = c.models.list().data[0].id
+    c.chat.completions.create(model=model, messages=MESSAGES[0], max_tokens=8, temperature=0)  # warm
+    per_client: list[dict] = [dict(tokens=0, seconds=0.0) for _ in range(clients)]
+    errors: list[str] = []
+    start = threading.Barrier(clients)
+
+    def one(i):
+        cl = _client(base_url)
+        try:
+            start.wait()
+            for r in range(requests):
+                messages = MESSAGES[(i * requests + r) % len(MESSAGES)]
+                t0 = time.monotonic()
+                out = cl.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
+                per_client[i]["seconds"] += time.monotonic() - t0
+                per_client[i]["tokens"] += out.usage.completion_tokens
+        except Exception as exc:  # reported in the table's JSON
+            errors.append(f"client {i}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    tokens = sum(p["tokens"] for p in per_client)
+    return {"clients": clients, "tokens": tokens, "wall_s": wall, "aggregate_tok_s": tokens / wall if wall else 0.0,
+            "per_client_tok_s": statistics.mean(p["tokens"] / p["seconds"] if p["seconds"] else 0.0
+                                                for p in per_client),
+            "errors": errors}
+
+
+class LlamaServer:
+    """llama-server on a free loopback port (its own OpenAI-compatible API)."""
+
+    def __init__(self, exe, target, parallel, n_ctx, threads, spec: bool):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        args = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port), "-np", str(parallel),
+                "-c", str(n_ctx * parallel), "-t", str(threads), "-tb", str(threads), "-ngl", "0", "-fa", "off",
+                "--no-webui"]
+        if spec:
+            args += ["--spec-type", "ngram-simple"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError("llama-server did not start")
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-slots", type=int, default=8)
+    ap.add_argument("--draft", default="ngram")
+    ap.add_argument("--target", default=None, help="a GGUF (default: the embedded Gemma 3 270M Q4_K_M)")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--llama-server", default=None, help="a llama-server binary for its rows")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "parallel.json"))
+    a = ap.parse_args()
+    counts = [int(x) for x in a.clients.split(",") if x]
+    if not counts or min(counts) < 1 or a.requests < 1 or a.max_tokens < 1:
+        sys.exit("error: --clients are whole numbers >= 1; --requests and --max-tokens >= 1")
+    from specgguf.runtime.defaults import default_target
+
+    target = a.target or default_target()
+    load = os.getloadavg()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load[0]:.2f}; {Path(str(target)).name}, "
+          f"chat requests, greedy, up to {a.max_tokens} tokens, {a.requests} per client")
+    rows: dict = {}
+    for draft in (a.draft, None):
+        name = draft or "plain"
+        for label, slots_for in ((f"specgguf one-at-a-time ({name})", lambda c: 1),
+                                 (f"specgguf --parallel N ({name})", lambda c: min(c, a.max_slots))):
+            rows[label] = {}
+            for c in counts:
+                args = [target, "--ctx", a.ctx, "--parallel", slots_for(c), "--threads", a.threads,
+                        "--max-queue", 64] + (["--draft", draft] if draft else [])
+                with start_server(*args) as server:
+                    rows[label][c] = run_clients(server.base_url, c, a.requests, a.max_tokens)
+                print(f"  {label}, {c} clients: {rows[label][c]['aggregate_tok_s']:.1f} tok/s aggregate")
+    if a.llama_server:
+        for spec in (True, False):
+            label = f"llama-server -np N ({'ngram-simple' if spec else 'plain'})"
+            rows[label] = {}
+            for c in counts:
+                server = LlamaServer(a.llama_server, target, min(c, a.max_slots), a.ctx, a.threads, spec)
+                try:
+                    rows[label][c] = run_clients(server.base_url, c, a.requests, a.max_tokens)
+                finally:
+                    server.close()
+                print(f"  {label}, {c} clients: {rows[label][c]['aggregate_tok_s']:.1f} tok/s aggregate")
+    md = ["| row | " + " | ".join(f"{c} client{'s' if c > 1 else ''}" for c in counts) + " |",
+          "| --- |" + " ---: |" * len(counts)]
+    for label, by_c in rows.items():
+        md.append(f"| {label} | " + " | ".join(f"{by_c[c]['aggregate_tok_s']:.1f} ({by_c[c]['per_client_tok_s']:.1f})"
+                                              for c in counts) + " |")
+    print("\naggregate tokens/s (mean per-client tokens/s):\n")
+    print("\n".join(md))
+    errors = [e for by_c in rows.values() for r in by_c.values() for e in r["errors"]]
+    if errors:
+        print(f"\n{len(errors)} client errors, e.g. {errors[0]}")
+    load_end = os.getloadavg()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": {"arch": platform.machine(), "cores": os.cpu_count(), "load_start": load,
+                                           "load_end": load_end},
+                               "target": str(target), "requests": a.requests, "max_tokens": a.max_tokens,
+                               "rows": rows, "markdown": "\n".join(md)}, indent=1))
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
