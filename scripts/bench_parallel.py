@@ -11,7 +11,7 @@ a different one per client and request) to a server on loopback. Rows:
 each with --draft (default ngram) and with no draft. Reported per row and client count:
 aggregate tokens/s (all completion tokens over the wall time of the whole run) and per-client
 tokens/s (a client's tokens over the time its requests took, the mean over clients). The
-servers are warmed with one request first (cost profiles). A llama-server binary, when given
+servers are warmed with three short requests first (cost profiles, in a private cache). A llama-server binary, when given
 (--llama-server PATH, built from the same llama.cpp), adds its rows: --parallel N with and
 without its n-gram speculation.
 
@@ -39,7 +39,15 @@ sys.path.insert(0, str(ROOT))
 from bench_prompts import INSTRUCT  # noqa: E402
 from serverproc import start_server  # noqa: E402
 
-MESSAGES = [[{"role": "user", "content": text}] for items in INSTRUCT.values() for text in items.values()]
+CHATS = [[{"role": "user", "content": text}] for items in INSTRUCT.values() for text in items.values()]
+# short requests: decoding dominates (the chat requests above spend about 40% of the time reading
+# their 300-600-token prompts, which batching does not make cheaper)
+SHORT = [[{"role": "user", "content": text}] for text in (
+    "Write a short story about a lighthouse keeper.", "Explain how a bicycle works.",
+    "List ten fruits and their colours.", "Describe a walk through a forest in autumn.",
+    "Write a letter to a friend about your holiday.", "Explain why the sky is blue.",
+    "Describe your favourite meal and how to cook it.", "Write a poem about the sea.")]
+MESSAGES = CHATS
 
 
 def _client(base_url: str):
@@ -52,7 +60,8 @@ def run_clients(base_url: str, clients: int, requests: int, max_tokens: int) -> 
     """C clients at once, each `requests` requests in a row; their tokens and times."""
     c = _client(base_url)
     model = c.models.list().data[0].id
-    c.chat.completions.create(model=model, messages=MESSAGES[0], max_tokens=8, temperature=0)  # warm
+    for messages in MESSAGES[-3:]:  # warm: the cost profile of this server's setting
+        c.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0)
     per_client: list[dict] = [dict(tokens=0, seconds=0.0) for _ in range(clients)]
     errors: list[str] = []
     start = threading.Barrier(clients)
@@ -128,17 +137,26 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-server", default=None, help="a llama-server binary for its rows")
+    ap.add_argument("--prompts", choices=("chat", "short"), default="chat",
+                    help="chat: the instruct requests (documents, JSON, code); short: one-line requests")
     ap.add_argument("--out", default=str(ROOT / "bench" / "parallel.json"))
     a = ap.parse_args()
+    global MESSAGES
+    MESSAGES = CHATS if a.prompts == "chat" else SHORT
     counts = [int(x) for x in a.clients.split(",") if x]
     if not counts or min(counts) < 1 or a.requests < 1 or a.max_tokens < 1:
         sys.exit("error: --clients are whole numbers >= 1; --requests and --max-tokens >= 1")
     from specgguf.runtime.defaults import default_target
 
     target = a.target or default_target()
+    # the servers' cost profiles in a private cache, learned by the warm-up requests (the one-at-a-time
+    # rows run first: a parallel server starts from their one-sequence profile, as a user's would)
+    import tempfile
+
+    os.environ["SPECGGUF_CACHE"] = tempfile.mkdtemp(prefix="specgguf-bench-")
     load = os.getloadavg()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {load[0]:.2f}; {Path(str(target)).name}, "
-          f"chat requests, greedy, up to {a.max_tokens} tokens, {a.requests} per client")
+          f"{a.prompts} requests, greedy, up to {a.max_tokens} tokens, {a.requests} per client")
     rows: dict = {}
     for draft in (a.draft, None):
         name = draft or "plain"

@@ -97,7 +97,8 @@ class Engine:
                                         reads_features=drafter is not None
                                         and drafter.kind.split("+")[-1] in HIDDEN_KINDS,
                                         rpc_servers=target.rpc_servers,
-                                        kernels=getattr(target, "kernels", None))
+                                        kernels=getattr(target, "kernels", None),
+                                        seed_kernels=getattr(target, "seed_kernels", getattr(target, "kernels", None)))
             # prior acceptance: an n-gram continuation found in the text is usually right
             self._prior = 0.7 if spec == "ngram" else 0.6
             self.lengths = LengthController(self.draft_max, prior=self._prior)

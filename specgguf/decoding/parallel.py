@@ -6,8 +6,8 @@ it drafts, asks for a verify pass, reads its rows and commits. What changes is u
 A `Slot` is a view of the target for one sequence id: its context view (`SeqContext`) names
 that sequence in every KV call, its batch (`PendingRows`) only records the rows asked for,
 and its `decode` hands them to the `SharedContext`, which waits until every active sequence
-has asked (or `patience` has passed since the first one did), decodes all the rows in one
-batch, and wakes each sequence with the offset of its rows. A sequence reads its logits
+has asked (or for as long as that sequence usually takes to come back: PATIENCE_S), decodes
+all the rows in one batch, and wakes each sequence with the offset of its rows. A sequence reads its logits
 and says so (`outputs_read`) before the next pass may overwrite them. Sequences join at the
 next pass and leave when they end: a request never waits for another one to finish.
 
@@ -26,9 +26,13 @@ import time
 
 from ..errors import LlamaError, UserError
 
-# how long a pass waits for sequences that have not asked yet (their Python between passes
-# is ~0.2-4 ms; one that waits on its client longer than this is left for the next pass)
+# How long a pass waits for an active sequence that has not asked yet, counted from the end of
+# the pass before: about three times what that sequence usually takes to come back (its Python
+# between passes, ~0.3-1 ms of CPU, but the sequences take the GIL in turn and share the cores
+# with llama.cpp's threads), at least PATIENCE_S, at most MAX_PATIENCE_S: one whose client reads
+# slowly (a stream nobody iterates) is left for the next pass and costs the others that much.
 PATIENCE_S = 0.004
+MAX_PATIENCE_S = 0.025
 
 
 class _Request:
@@ -50,7 +54,8 @@ class SharedContext:
         self.ctx, self.batch, self.patience_s = ctx, batch, patience_s
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
-        self._first_pending = 0.0
+        self._pass_end = 0.0
+        self._return_s: dict[int, float] = {}  # per sequence: time from a pass's end to its next ask
         self._active: set[int] = set()  # sequences in a generation
         self._holders: set[int] = set()  # sequences still reading the last pass's outputs
         self._busy = False  # a pass, or a KV call, is running on the context
@@ -75,6 +80,7 @@ class SharedContext:
             self._holders.discard(seq)
             self._rows.pop(seq, None)
             self._tokens.pop(seq, None)
+            self._return_s.pop(seq, None)
             self._cond.notify_all()
 
     def outputs_read(self, seq: int, committed: int = 0) -> None:
@@ -109,8 +115,10 @@ class SharedContext:
             raise LlamaError(f"{req.n_tokens} rows do not fit a batch of {self.batch.capacity}")
         with self._cond:
             self._holders.discard(seq)
-            if not self._pending:
-                self._first_pending = time.monotonic()
+            back = time.monotonic() - self._pass_end
+            if back < MAX_PATIENCE_S:  # a stall (a client not reading) would teach it to wait long
+                old = self._return_s.get(seq)
+                self._return_s[seq] = back if old is None else old + 0.2 * (back - old)
             self._pending.append(req)
             self._cond.notify_all()
             while not req.done:
@@ -128,9 +136,11 @@ class SharedContext:
         if self._busy or self._holders or not self._pending:
             return None
         asked = {r.seq for r in self._pending}
-        if self._active <= asked:
+        missing = self._active - asked
+        if not missing:
             return 0.0
-        left = self._first_pending + self.patience_s - time.monotonic()
+        wait = max(min(max(3 * self._return_s.get(s, 0.0), self.patience_s), MAX_PATIENCE_S) for s in missing)
+        left = self._pass_end + wait - time.monotonic()
         return 0.0 if left <= 0 else left
 
     def _lead(self) -> None:
@@ -142,7 +152,6 @@ class SharedContext:
             taken.append(r)
             n += r.n_tokens
         self._pending = self._pending[len(taken):]
-        self._first_pending = time.monotonic()
         self._busy = True
         self._cond.release()
         error, seconds = None, 0.0
@@ -170,6 +179,7 @@ class SharedContext:
             except Exception:  # a cost profile is an optimisation: never fail a pass for it
                 pass
         self._busy = False
+        self._pass_end = time.monotonic()
         self.passes += 1
         self.last_width = n
         for r in taken:
@@ -287,8 +297,11 @@ class Slot:
         self.model, self.info = target.model, target.info
         self.n_threads, self.n_gpu_layers, self.rpc_servers = target.n_threads, target.n_gpu_layers, target.rpc_servers
         self.verify_width, self.batch_invariant = target.verify_width, target.batch_invariant
-        # the target's cost profile: a shared pass of R rows is measured as a verify pass of R rows
-        self.kernels = target.kernels
+        # a cost profile of its own: a pass of R rows of several sequences costs more than one
+        # sequence's verify pass of R rows (each row attends over the unified cache's cells of
+        # all sequences, masked), so the two must not teach each other
+        self.kernels = f"{target.kernels or 'default'}+parallel"
+        self.seed_kernels = target.kernels  # ...which starts from the one-sequence profile
         self.kept: list[int] | None = None  # this sequence's prompt cache (engine._reuse)
         self.saved_states = None
         self.active = self.owner = None  # the generation holding the slot, and its thread

@@ -96,9 +96,14 @@ class ProfileStore:
     `reads_features` (the draft changes the target's pass)."""
 
     def __init__(self, target_path, draft: str | None, n_threads: int, n_gpu_layers: int, block: bool = False,
-                 reads_features: bool = False, rpc_servers: list[str] | None = None, kernels: str | None = None):
+                 reads_features: bool = False, rpc_servers: list[str] | None = None, kernels: str | None = None,
+                 seed_kernels: str | None = None):
+        """seed_kernels: where a bucket this key has never measured starts from instead of the
+        prior (parallel sequences start from the one-sequence profile of the same target)."""
         self._key = lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket, rpc_servers,
                                                kernels)
+        self._seed = None if seed_kernels == kernels else \
+            (lambda bucket: profile_key(target_path, draft, n_threads, n_gpu_layers, bucket, rpc_servers, seed_kernels))
         verify_draft = draft if reads_features else None
         self._verify_key = lambda bucket: profile_key(target_path, verify_draft, n_threads, n_gpu_layers, bucket,
                                                       rpc_servers, kernels)
@@ -126,6 +131,11 @@ class ProfileStore:
             if costs is None:
                 costs = Costs()
             costs.verify, costs.loaded = dict(shared.verify), dict(shared.verify)
+        if (costs is None or not costs.verify) and self._seed is not None:
+            seeded = load(self._seed(bucket))  # measured elsewhere: replaced as this key measures
+            if seeded is not None and seeded.verify:
+                costs = costs or Costs()
+                costs.verify, costs.loaded = dict(seeded.verify), dict(seeded.verify)
         return costs
 
     def costs_for(self, pos: int) -> Costs:
