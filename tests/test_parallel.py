@@ -148,3 +148,23 @@ def test_serve_parallel_answers_concurrent_clients_as_alone(qwen3_target):
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "--parallel" in r.stderr
     r = run_cli("serve", str(qwen3_target), "--parallel", "2", "--cache-ram", "64")
     assert r.returncode != 0 and "--cache-ram" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_load_with_disconnects_on_four_slots(qwen3_target):
+    """scripts/load_test_server.py in small against `serve --parallel 4`: concurrent streams,
+    some hanging up after two chunks, two rounds; every completed answer is the one the server
+    gives alone (F32: no batch-width near-ties), and memory does not grow."""
+    import importlib.util
+    from pathlib import Path
+
+    from serverproc import start_server
+
+    spec = importlib.util.spec_from_file_location("load_test_server", Path(__file__).resolve().parent.parent
+                                                  / "scripts" / "load_test_server.py")
+    load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load)
+    with start_server(qwen3_target, "--draft", "ngram", "--ctx", N_CTX, "--parallel", 4, "--max-queue", 32) as server:
+        report = load.run_load(server, clients=12, rounds=2, max_tokens=16, disconnect_every=4, time_limit=300)
+    assert report["ok"], report
+    for r in report["rounds"]:
+        assert r["completed"] == 9 and r["correct"] == 9 and r["disconnected"] == 3, r

@@ -64,7 +64,9 @@ def parse_origins(value: str) -> list[str]:
 @click.option("--parallel", "-np", type=int, default=1, show_default=True, metavar="N",
               help="Requests decoded at once, in one batch per round (continuous batching), each with "
                    "--ctx tokens of its own and its own prompt cache; more wait in the queue. With "
-                   "ngram or suffix drafts, or none.")
+                   "ngram or suffix drafts, or none. Default 1: on a small CPU a pass of 4 rows costs "
+                   "nearly 3 passes of one (docs/loop.md §9), so slots pay only with several busy "
+                   "clients; on a GPU, where a few rows cost about one, use 4 or more.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests that may wait behind the running ones; more get 503 with Retry-After.")
 @click.option("--model-id", default=None, help="Model name the server reports (default: the target's file name).")
