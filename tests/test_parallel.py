@@ -168,3 +168,24 @@ def test_load_with_disconnects_on_four_slots(qwen3_target):
     assert report["ok"], report
     for r in report["rounds"]:
         assert r["completed"] == 9 and r["correct"] == 9 and r["disconnected"] == 3, r
+
+
+def test_load_on_gemma_four_slots_parts_only_at_near_ties(gemma_path):
+    """The same load on the Q4_K_M Gemma with `--parallel 4`: every completed answer is the one
+    alone or parts from it at a near-tie (top two tokens within 1.5 nats: the rows of other
+    requests in a pass move a quantised target's logits, as a verify batch does)."""
+    import importlib.util
+    from pathlib import Path
+
+    from serverproc import start_server
+
+    spec = importlib.util.spec_from_file_location("load_test_server", Path(__file__).resolve().parent.parent
+                                                  / "scripts" / "load_test_server.py")
+    load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load)
+    with start_server(gemma_path, "--draft", "ngram", "--ctx", N_CTX, "--parallel", 4) as server:
+        report = load.run_load(server, clients=8, rounds=2, max_tokens=12, disconnect_every=4, time_limit=600,
+                               near_tie=1.5)
+    assert report["ok"], report
+    for r in report["rounds"]:
+        assert r["completed"] == 6 and not r["wrong"] and r["disconnected"] == 2, r
