@@ -24,6 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 
 from ..errors import LlamaError, UserError
 
@@ -46,6 +47,23 @@ class _Request:
                              for tokens, _, outputs in rows)
         self.done, self.error = False, None
         self.token_offset = self.output_offset = 0
+
+
+def _run_passes(jobs: queue.Queue) -> None:
+    """The decode thread: one pass after another, until None."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        ctx, batch, done, out = job
+        try:
+            t0 = time.perf_counter()
+            ctx.decode(batch)
+            out.append(time.perf_counter() - t0)
+        except BaseException as exc:  # handed to the sequences of the pass
+            out.append(exc)
+        del ctx, batch  # hold nothing between passes
+        done.set()
 
 
 class SharedContext:
@@ -73,27 +91,16 @@ class SharedContext:
         # backend keeps an OpenMP thread team per calling thread, and teams of other threads
         # that idle beside the working one slow each pass by 10-25% on a small machine
         # (measured: one row 14 ms from a process's first calling thread, 16.5-18 ms from others)
+        # (the thread holds the queue only: a model dropped without close() is still freed, and
+        # its thread told to end)
         self._jobs: queue.Queue = queue.Queue()
-        self._runner = threading.Thread(target=self._run_passes, name="specgguf-decode", daemon=True)
+        self._runner = threading.Thread(target=_run_passes, args=(self._jobs,), name="specgguf-decode", daemon=True)
         self._runner.start()
-
-    def _run_passes(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            batch, done, out = job
-            try:
-                t0 = time.perf_counter()
-                self.ctx.decode(batch)
-                out.append(time.perf_counter() - t0)
-            except BaseException as exc:  # handed to the sequences of the pass
-                out.append(exc)
-            done.set()
+        weakref.finalize(self, self._jobs.put, None)
 
     def _decode_on_runner(self, batch) -> float:
         done, out = threading.Event(), []
-        self._jobs.put((batch, done, out))
+        self._jobs.put((self.ctx, batch, done, out))
         done.wait()
         if isinstance(out[0], BaseException):
             raise out[0]
