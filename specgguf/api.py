@@ -24,7 +24,7 @@ from .runtime.target import Target
 from .decoding.textstream import TextStream
 from .openai.tools import ToolSet
 
-MAX_PARALLEL = 64  # sequences per context (llama.cpp's own limit is higher; past this a batch never pays)
+MAX_PARALLEL = 64  # sequences per context: our bound (each holds n_ctx cells of its own; llama.cpp allows more)
 
 
 @dataclass
