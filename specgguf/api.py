@@ -115,8 +115,9 @@ class SpecGGUF:
         per model, a few seconds; cached). CPU only; it costs speed (README).
         n_parallel: generations that run at once, from any threads, in one context (one target
         pass per round for all of them: decoding/parallel.py), each with n_ctx tokens of its own
-        and its own prompt cache; more wait for a free slot. With ngram or suffix drafts, or
-        none."""
+        and its own prompt cache; more wait for a free slot. Drafts: none, ngram, suffix, or a
+        plain draft model (kind model: one context for all slots; drafts asked for at once share a
+        pass); the kinds that read the target's hidden states run with one sequence for now."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
@@ -194,14 +195,17 @@ class SpecGGUF:
     def _slot_pool(self, draft, draft_kind, draft_max, n_threads, p_min, deterministic):
         """n_parallel slots, each with its own drafter and engine."""
         from .decoding.parallel import SlotPool
+        from .drafters import open_shared_draft
 
-        if draft not in (None, "ngram", "suffix"):  # a draft model has one context: one sequence
-            raise UserError(f"n_parallel > 1 drafts with ngram or suffix lookups for now, not a draft model "
-                            f"({Path(draft).name}): drop the draft model or run one sequence", param="n_parallel")
+        shared = []  # a draft model's SharedDraft: one model and context for all the slots
 
         def make_engine(slot):
-            drafter = None if draft is None else make_drafter(draft, slot, kind=draft_kind, draft_max=draft_max,
-                                                               n_threads=n_threads, p_min=p_min)
+            if draft is None:
+                return Engine(slot, None, draft_max, deterministic=deterministic)
+            if not shared:
+                shared.append(open_shared_draft(draft, slot, draft_kind, n_threads))
+            drafter = make_drafter(draft, slot, kind=draft_kind, draft_max=draft_max, n_threads=n_threads,
+                                   p_min=p_min, shared_draft=shared[0])
             return Engine(slot, drafter, draft_max, deterministic=deterministic)
 
         return SlotPool(self.target, make_engine)

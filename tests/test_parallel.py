@@ -52,8 +52,10 @@ def together(llm, prompts, **sampling):
     return out
 
 
-@pytest.mark.parametrize("draft", [None, "ngram", "suffix"])
-def test_parallel_answers_equal_answers_alone(qwen3_target, draft):
+@pytest.mark.parametrize("draft", [None, "ngram", "suffix", "model", "suffix+model"])
+def test_parallel_answers_equal_answers_alone(qwen3_target, qwen3_draft, draft):
+    if draft and "model" in draft:
+        draft = draft.replace("model", str(qwen3_draft))  # one draft context for every slot
     want = alone(qwen3_target, draft, PROMPTS[:4])
     with SpecGGUF(qwen3_target, draft=draft, n_ctx=N_CTX, n_parallel=4) as llm:
         assert llm.n_ctx() == N_CTX  # every slot has the context asked for
@@ -96,12 +98,28 @@ def test_each_slot_keeps_its_prompt_cache(qwen3_target):
         assert ref.generate(long_a + first[0].text + " and", max_tokens=MAX_TOKENS).tokens == again[1].tokens
 
 
-def test_parallel_refusals(qwen3_target, qwen3_draft):
+def test_a_model_draft_drafts_for_every_slot_and_steps_share_passes(qwen3_target, qwen3_draft):
+    """Fixed-length model drafts on three slots: answers (greedy and seeded sampling) are the
+    lone ones, and draft steps asked for at once share a pass of the one draft context."""
+    for sampling in ({}, {"temperature": 0.8, "seed": 5}):
+        with SpecGGUF(qwen3_target, draft=str(qwen3_draft), draft_max=4, n_ctx=N_CTX) as ref:
+            want = [ref.generate(p, max_tokens=MAX_TOKENS, **sampling) for p in PROMPTS]
+        with SpecGGUF(qwen3_target, draft=str(qwen3_draft), draft_max=4, n_ctx=N_CTX, n_parallel=3) as llm:
+            got = together(llm, PROMPTS, **sampling)
+            assert [r.tokens for r in got] == [r.tokens for r in want]
+            drafters = {id(e.drafter.shared) for e in llm._pool.engines}
+            assert len(drafters) == 1  # one SharedDraft
+            shared = llm._pool.engines[0].drafter.shared.shared
+            steps = sum(r.stats.drafted for r in got)
+            assert steps > 0 and shared.passes < steps + sum(r.stats.rounds for r in got)
+
+
+def test_parallel_refusals(qwen3_target, hidden_drafts):
     for bad in (0, -1, 65, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="n_parallel"):
             SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=bad)
-    with pytest.raises(ValueError, match="ngram or suffix"):
-        SpecGGUF(qwen3_target, draft=str(qwen3_draft), n_ctx=N_CTX, n_parallel=2)
+    with pytest.raises(ValueError, match="not a dflash draft"):
+        SpecGGUF(qwen3_target, draft=str(hidden_drafts["dflash"]), n_ctx=N_CTX, n_parallel=2)
     with pytest.raises(ValueError, match="batch_invariant"):
         SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=2, batch_invariant=True)
     with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:

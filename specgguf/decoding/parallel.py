@@ -69,8 +69,14 @@ def _run_passes(jobs: queue.Queue) -> None:
 class SharedContext:
     """One multi-sequence native.Context and its batch, shared by the threads of the slots."""
 
-    def __init__(self, ctx, batch, patience_s: float = PATIENCE_S):
+    def __init__(self, ctx, batch, patience_s: float = PATIENCE_S, wait_for_all: bool = True,
+                 runner: "SharedContext | None" = None):
+        """wait_for_all: a pass waits for every active sequence (the target's verify passes, which
+        every round of every sequence asks for); False: a pass starts as soon as the context is free
+        and takes whatever was asked meanwhile (a draft model's passes, which a sequence asks for
+        only while it drafts). runner: run the passes on that SharedContext's decode thread."""
         self.ctx, self.batch, self.patience_s = ctx, batch, patience_s
+        self.wait_for_all = wait_for_all
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._pass_end = 0.0
@@ -93,6 +99,12 @@ class SharedContext:
         # (measured: one row 14 ms from a process's first calling thread, 16.5-18 ms from others)
         # (the thread holds the queue only: a model dropped without close() is still freed, and
         # its thread told to end)
+        # A draft model's context shares its target's thread: one thread, one team, and never
+        # two passes at once on the cores.
+        self._owns_runner = runner is None
+        if runner is not None:
+            self._jobs, self._runner = runner._jobs, runner._runner
+            return
         self._jobs: queue.Queue = queue.Queue()
         self._runner = threading.Thread(target=_run_passes, args=(self._jobs,), name="specgguf-decode", daemon=True)
         self._runner.start()
@@ -107,8 +119,8 @@ class SharedContext:
         return out[0]
 
     def close(self) -> None:
-        """Stop the decode thread (after the last pass)."""
-        if self._runner.is_alive():
+        """Stop the decode thread (after the last pass), if this context started it."""
+        if self._owns_runner and self._runner.is_alive():
             self._jobs.put(None)
             self._runner.join()
 
@@ -178,6 +190,8 @@ class SharedContext:
         """0: a pass may start now; else how long to wait (None: until notified)."""
         if self._busy or self._holders or not self._pending:
             return None
+        if not self.wait_for_all:
+            return 0.0
         asked = {r.seq for r in self._pending}
         missing = self._active - asked
         if not missing:
@@ -255,6 +269,9 @@ class PendingRows:
         self.rows = []
         self.n_tokens = self.n_outputs = 0
         return self
+
+    def add_token(self, token: int, pos: int, output: bool = False) -> None:
+        self.add_tokens([token], pos, "last" if output else "none")
 
     def add_tokens(self, tokens, pos0: int, outputs: str = "none") -> None:
         self.rows.append((list(tokens), pos0, outputs))

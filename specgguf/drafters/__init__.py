@@ -39,7 +39,8 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     """Build a drafter for `target` from a CLI-style spec: 'ngram', 'suffix', a path to a draft
     GGUF, or 'suffix+PATH' (the hybrid: suffix lookups and a draft model, `--draft suffix
     --draft PATH` on the command line). options: max_shared_tokens (suffix: the bound on the
-    store of earlier outputs), ngram_min / ngram_max (ngram).
+    store of earlier outputs), ngram_min / ngram_max (ngram), shared_draft (a model draft's
+    `SharedDraft`, when `target` is a slot of a parallel target: open_shared_draft).
     `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
     from ..runtime.compat import check_loadable
     from ..errors import UserError
@@ -96,7 +97,7 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     if kind == "model":
         from .model import ModelDrafter
 
-        return ModelDrafter(info, target, **common)
+        return ModelDrafter(info, target, **common, shared=options.get("shared_draft"))
     if kind == "mtp":
         from .mtp import MTPDrafter
 
@@ -108,3 +109,31 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     from .dflash import DFlashDrafter
 
     return DFlashDrafter(info, target, kind, draft_max=draft_max, **common)
+
+
+def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int | None = None,
+                      n_gpu_layers: int | None = None):
+    """The SharedDraft the slots of a parallel target draft with (drafters/model.py), for a
+    draft spec naming a file ('PATH' or 'suffix+PATH'); None for ngram and suffix, which keep
+    their state in Python. Kinds that read the target's hidden states are refused for now."""
+    from ..errors import UserError
+    from ..runtime.compat import check_loadable
+    from ..runtime.ggufinfo import read_gguf
+
+    spec = os.fspath(spec)
+    if spec in LOOKUPS:
+        return None
+    path = spec[len("suffix+"):] if spec.startswith("suffix+") and not os.path.exists(spec) else spec
+    if not (path.endswith(".gguf") or os.path.exists(path)):
+        return None  # make_drafter says what is wrong with it
+    info = read_gguf(path, "draft")
+    check_loadable(info, "draft")
+    kind = kind or detect_kind(info)
+    if kind != "model":
+        raise UserError(f"n_parallel > 1 drafts with ngram, suffix or a plain draft model for now, not a {kind} draft "
+                        f"({info.path.name}): run it with one sequence, or draft with ngram or suffix",
+                        param="n_parallel")
+    from .model import SharedDraft
+
+    return SharedDraft(info, slot, n_gpu_layers=slot.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
+                       n_threads=n_threads)

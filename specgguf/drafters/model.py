@@ -4,14 +4,52 @@ The draft context mirrors the target: every target batch is decoded into it as w
 (`process`), so before a round it holds exactly the committed tokens. Drafting decodes
 id_last and then each greedy draft token; the caller rolls those cells back right away and
 `process` re-evaluates the verified batch (docs/loop.md §2.2, §4.1).
+
+With parallel sequences (decoding/parallel.py) the slots' drafters share one `SharedDraft`:
+one draft model, one context holding a sequence per slot; each drafter works in its slot's
+sequence, and the draft steps that several slots ask for at the same moment share a pass.
 """
 
 from __future__ import annotations
 
+from ..decoding.parallel import PendingRows, SeqContext, SharedContext
 from ..runtime import native
 from ..runtime.compat import check_shared_vocab
 from . import top10_prob
 from .base import Drafter
+
+
+class SharedDraft:
+    """A draft model and one context with a sequence per slot of a parallel target (a
+    `parallel.Slot`'s parent): passes run on the target's decode thread, and start as soon as
+    the context is free, with every draft row asked for meanwhile. Closed by its last drafter."""
+
+    def __init__(self, info, slot, n_gpu_layers: int = 0, n_threads: int | None = None):
+        target = slot.parent
+        check_shared_vocab(target.info, info)  # before llama.cpp touches the pair
+        self.info, self.users = info, 0
+        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        try:
+            n = target.n_parallel
+            self.ctx = native.Context(self.model, n_ctx=target.n_ctx * n, n_batch=target.ctx.n_batch,
+                                      n_threads=n_threads, ctx_other=target.ctx, n_seq_max=n)
+            self.batch = native.Batch(self.ctx)
+        except BaseException:
+            self.model.close()
+            raise
+        self.shared = SharedContext(self.ctx, self.batch, wait_for_all=False, runner=slot.pool.shared)
+        self.n_ctx = target.n_ctx
+
+    def view(self, seq: int):
+        """(context, batch) of sequence `seq`, for one drafter."""
+        self.users += 1
+        return SeqContext(self.shared, seq, self.n_ctx), PendingRows(self.batch.capacity)
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            for obj in (self.batch, self.ctx, self.model):
+                obj.close()
 
 
 class ModelDrafter(Drafter):
@@ -21,17 +59,23 @@ class ModelDrafter(Drafter):
     supports_lazy = True
 
     def __init__(self, info, target, n_gpu_layers: int = 0, n_threads: int | None = None,
-                 p_min: float = 0.0, n_min: int = 0):
+                 p_min: float = 0.0, n_min: int = 0, shared: SharedDraft | None = None):
+        """shared: draft in slot `target.seq` of that SharedDraft (target is a parallel.Slot)."""
         self.info = info
-        check_shared_vocab(target.info, self.info)  # before llama.cpp touches the pair
         self.p_min, self.n_min = float(p_min), int(n_min)
+        self._pending = []
+        self._kv_end = 0
+        self.shared = shared
+        if shared is not None:
+            self.model = shared.model
+            self.ctx, self.batch = shared.view(target.seq)
+            return
+        check_shared_vocab(target.info, self.info)  # before llama.cpp touches the pair
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)
         try:
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
                                       n_threads=n_threads, ctx_other=target.ctx)
             self.batch = native.Batch(self.ctx)
-            self._pending = []
-            self._kv_end = 0
         except BaseException:
             self.close()
             raise
@@ -100,18 +144,21 @@ class ModelDrafter(Drafter):
         recent = sampler.window(history, id_last) if sampler is not None else []
         self.last_q = None
         while True:
-            logits = ctx.logits(0)
-            # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
-            # token would skew the proposals away from the q that `ratio` is told about
-            top = int(logits.argmax())
-            # a top-10 softmax per token costs a vocabulary scan: only where someone reads it
-            p_top = top10_prob(logits, top) if scored else 1.0
-            if self.p_min > 0 and p_top < self.p_min:
-                break
-            if sampler is None:
-                tok, q = top, None
-            else:
-                tok, q = sampler.propose(logits, recent + out, pos0 + 1 + len(out))
+            try:
+                logits = ctx.logits(0)
+                # p_min judges the draft's top candidate BEFORE any draw: stopping on a drawn
+                # token would skew the proposals away from the q that `ratio` is told about
+                top = int(logits.argmax())
+                # a top-10 softmax per token costs a vocabulary scan: only where someone reads it
+                p_top = top10_prob(logits, top) if scored else 1.0
+                if self.p_min > 0 and p_top < self.p_min:
+                    break
+                if sampler is None:
+                    tok, q = top, None
+                else:
+                    tok, q = sampler.propose(logits, recent + out, pos0 + 1 + len(out))
+            finally:
+                ctx.outputs_read()  # a shared draft context's next pass may overwrite them now
             out.append(tok)
             qs.append(q)
             # the confidence of the draft's top candidate, again not of a drawn token (the
@@ -137,6 +184,10 @@ class ModelDrafter(Drafter):
             self._kv_end = pos
 
     def close(self) -> None:
+        if getattr(self, "shared", None) is not None:
+            self.shared, shared = None, self.shared
+            shared.release()
+            return
         for name in ("batch", "ctx", "model"):
             obj = getattr(self, name, None)
             if obj is not None:
