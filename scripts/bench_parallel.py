@@ -9,15 +9,17 @@ a different one per client and request) to a server on loopback. Rows:
   specgguf --parallel N       serve --parallel N (--slots, default 4: a server is started with
                               one setting, whoever comes): one target pass per round for all
                               running requests; more clients than slots wait in the queue
-each with --draft (default ngram) and with no draft. Reported per row and client count:
+each with --draft (default ngram: a draft GGUF works too) and with no draft. Reported per row and client count:
 aggregate tokens/s (all completion tokens over the wall time of the whole run) and per-client
 tokens/s (a client's tokens over the time its requests took, the mean over clients). The
 servers are warmed with three short requests first (cost profiles, in a private cache). A llama-server binary, when given
-(--llama-server PATH, built from the same llama.cpp), adds its rows: -np N with and without
-its n-gram speculation.
+(--llama-server PATH, built from the same llama.cpp: SPECGGUF_CPP_TARGETS=llama-server
+scripts/build_llama_cpp_tools.sh), adds its rows: -np N without speculation and with each of
+its n-gram settings in --llama-server-specs, and a row with the best of those per client count.
 
     python scripts/bench_parallel.py [--clients 1,2,4,8] [--slots 4] [--requests 3] [--repeat 1] [--max-tokens 96]
                                      [--prompts chat|short] [--draft ngram] [--target GGUF]
+                                     [--llama-server PATH] [--llama-server-specs plain,ngram-simple,...]
                                      [--out bench/parallel.json]
 """
 
@@ -95,10 +97,21 @@ def run_clients(base_url: str, clients: int, requests: int, max_tokens: int) -> 
             "errors": errors}
 
 
+# llama-server's speculation settings (flags of the pinned build's common/arg.cpp); its n-gram
+# drafts share one state across slots and never turn off under load (llama.cpp PR 22838)
+LLAMA_SERVER_SPECS = {
+    "plain": [],
+    "ngram-simple": ["--spec-type", "ngram-simple"],  # its defaults: 12-token lookups
+    "ngram-simple-n3": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+}
+
+
 class LlamaServer:
     """llama-server on a free loopback port (its own OpenAI-compatible API)."""
 
-    def __init__(self, exe, target, parallel, n_ctx, threads, spec: bool):
+    def __init__(self, exe, target, parallel, n_ctx, threads, spec_args: list[str]):
         import socket
 
         with socket.socket() as s:
@@ -106,9 +119,7 @@ class LlamaServer:
             self.port = s.getsockname()[1]
         args = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port), "-np", str(parallel),
                 "-c", str(n_ctx * parallel), "-t", str(threads), "-tb", str(threads), "-ngl", "0", "-fa", "off",
-                "--no-webui"]
-        if spec:
-            args += ["--spec-type", "ngram-simple"]
+                "--no-webui", *spec_args]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         import urllib.request
@@ -140,6 +151,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-server", default=None, help="a llama-server binary for its rows")
+    ap.add_argument("--llama-server-specs", default=",".join(LLAMA_SERVER_SPECS),
+                    help=f"llama-server settings to run (of {','.join(LLAMA_SERVER_SPECS)})")
     ap.add_argument("--prompts", choices=("chat", "short"), default="chat",
                     help="chat: the instruct requests (documents, JSON, code); short: one-line requests")
     ap.add_argument("--out", default=str(ROOT / "bench" / "parallel.json"))
@@ -150,6 +163,11 @@ def main() -> int:
     if not counts or min(counts) < 1 or min(a.requests, a.max_tokens, a.repeat) < 1 or not 1 <= a.slots <= 64:
         sys.exit("error: --clients are whole numbers >= 1; --requests, --max-tokens and --repeat >= 1; "
                  "--slots in 1..64")
+    specs = [x for x in a.llama_server_specs.split(",") if x]
+    if set(specs) - set(LLAMA_SERVER_SPECS):
+        sys.exit(f"error: --llama-server-specs takes some of {','.join(LLAMA_SERVER_SPECS)}")
+    if a.llama_server and not os.access(a.llama_server, os.X_OK):
+        sys.exit(f"error: --llama-server {a.llama_server} is not an executable")
     from specgguf.runtime.defaults import default_target
 
     target = a.target or default_target()
@@ -165,7 +183,7 @@ def main() -> int:
     runs: dict = {}
     for rep in range(a.repeat):  # the whole sweep again: a slow moment of the machine hits one run of a cell
         for draft in (a.draft, None):
-            name = draft or "plain"
+            name = Path(draft).name if draft else "plain"  # a file by its name: no machine paths in tables
             for label, slots in ((f"specgguf one-at-a-time ({name})", 1),
                                  (f"specgguf --parallel {a.slots} ({name})", a.slots)):
                 for c in counts:
@@ -175,19 +193,24 @@ def main() -> int:
                         r = run_clients(server.base_url, c, a.requests, a.max_tokens)
                     runs.setdefault(label, {}).setdefault(c, []).append(r)
                     print(f"  {label}, {c} clients: {r['aggregate_tok_s']:.1f} tok/s aggregate")
+        if a.llama_server:
+            for spec in specs:
+                label = f"llama-server -np {a.slots} ({spec})"
+                for c in counts:
+                    server = LlamaServer(a.llama_server, target, a.slots, a.ctx, a.threads, LLAMA_SERVER_SPECS[spec])
+                    try:
+                        r = run_clients(server.base_url, c, a.requests, a.max_tokens)
+                    finally:
+                        server.close()
+                    r["setting"] = spec
+                    runs.setdefault(label, {}).setdefault(c, []).append(r)
+                    print(f"  {label}, {c} clients: {r['aggregate_tok_s']:.1f} tok/s aggregate")
     for label, by_c in runs.items():
         rows[label] = {c: max(rs, key=lambda r: r["aggregate_tok_s"]) for c, rs in by_c.items()}
-    if a.llama_server:
-        for spec in (True, False):
-            label = f"llama-server -np {a.slots} ({'ngram-simple' if spec else 'plain'})"
-            rows[label] = {}
-            for c in counts:
-                server = LlamaServer(a.llama_server, target, a.slots, a.ctx, a.threads, spec)
-                try:
-                    rows[label][c] = run_clients(server.base_url, c, a.requests, a.max_tokens)
-                finally:
-                    server.close()
-                print(f"  {label}, {c} clients: {rows[label][c]['aggregate_tok_s']:.1f} tok/s aggregate")
+    speculating = [label for label in rows if label.startswith("llama-server") and not label.endswith("(plain)")]
+    if speculating:  # its best setting at each client count (the setting is in the JSON)
+        rows[f"llama-server -np {a.slots} (best speculation)"] = {
+            c: max((rows[label][c] for label in speculating), key=lambda r: r["aggregate_tok_s"]) for c in counts}
     md = ["| row | " + " | ".join(f"{c} client{'s' if c > 1 else ''}" for c in counts) + " |",
           "| --- |" + " ---: |" * len(counts)]
     for label, by_c in rows.items():

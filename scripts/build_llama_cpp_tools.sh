@@ -24,14 +24,20 @@
 # The last line printed is the binary's path.
 #
 # Env: SPECGGUF_CPP_TOOLS_DIR, CMAKE_ARGS, PYTHON (interpreter whose pip downloads; default
-# python3), SPECGGUF_BUILD_JOBS (default 2), SPECGGUF_LLAMA_SRC (vendor/llama.cpp of the sdist).
+# python3), SPECGGUF_BUILD_JOBS (default 2), SPECGGUF_LLAMA_SRC (vendor/llama.cpp of the sdist),
+# SPECGGUF_CPP_TARGETS (other targets instead, e.g. "llama-server" for scripts/bench_parallel.py
+# --llama-server: built into a cache folder of their own, .../llama-cpp-tools/<version>-<targets>,
+# so the baseline's cache and stamp stay as they are; the last line is then the first target's path).
 set -euo pipefail
 
 VERSION=0.3.36
 PYTHON=${PYTHON:-python3}
 JOBS=${SPECGGUF_BUILD_JOBS:-2}
-DEST=${SPECGGUF_CPP_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specgguf/llama-cpp-tools/$VERSION}
-BIN=$DEST/bin/llama-speculative-simple
+# shellcheck disable=SC2206  # a word list
+TARGETS=(${SPECGGUF_CPP_TARGETS:-llama-speculative-simple ggml-rpc-server})
+SUFFIX=${SPECGGUF_CPP_TARGETS:+-${TARGETS[*]}}
+DEST=${SPECGGUF_CPP_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specgguf/llama-cpp-tools/$VERSION${SUFFIX// /+}}
+BIN=$DEST/bin/${TARGETS[0]}
 
 CMAKE_OPTS=(
     -DCMAKE_BUILD_TYPE=Release
@@ -50,12 +56,12 @@ CMAKE_OPTS=(
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
     "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
 )
+[[ " ${TARGETS[*]} " == *" llama-server "* ]] && CMAKE_OPTS+=(-DLLAMA_BUILD_SERVER=ON)  # (the last one wins)
 # shellcheck disable=SC2206  # CMAKE_ARGS is a word list by convention (as for pip)
 EXTRA=(${CMAKE_ARGS:-})
 # ...plus what this machine's compiler needs: GCC < 13.2.1 miscompiles llama.cpp's AMX kernels,
 # so such a build leaves AMX out (specgguf/runtime/toolchain.py holds the rule; stdlib only)
 mapfile -t EXTRA < <("$PYTHON" "$(dirname "$0")/../specgguf/runtime/toolchain.py" ${EXTRA[@]+"${EXTRA[@]}"})
-TARGETS=(llama-speculative-simple ggml-rpc-server)
 STAMP_TEXT="llama-cpp-python==$VERSION ${TARGETS[*]} ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
 
 if [[ -x $BIN && -f $DEST/stamp && "$(cat "$DEST/stamp")" == "$STAMP_TEXT" ]]; then
@@ -91,7 +97,7 @@ cmake --build "$WORK/build" --target "${TARGETS[@]}" -j "$JOBS" >"$WORK/build.lo
 # install atomically: a half-copied cache must never look complete
 rm -rf "$DEST.tmp"
 mkdir -p "$DEST.tmp/bin"
-cp -a "$WORK/build/bin/llama-speculative-simple" "$WORK/build/bin/ggml-rpc-server" "$DEST.tmp/bin/"
+for t in "${TARGETS[@]}"; do cp -a "$WORK/build/bin/$t" "$DEST.tmp/bin/"; done
 cp -a "$WORK/build/bin/"lib*.so* "$DEST.tmp/bin/"
 echo "$STAMP_TEXT" >"$DEST.tmp/stamp"
 echo "$(( $(date +%s) - start ))" >"$DEST.tmp/build_seconds"
