@@ -62,7 +62,9 @@ C.llama_backend_init()
 
 
 class _Ext:
-    """Lazily bound llama-ext functions; a missing symbol is a clear error, not a crash."""
+    """Lazily bound llama-ext functions; a missing symbol is a clear error, not a crash.
+    Float buffers come back as plain addresses (c_void_p: an int), which Context._view turns
+    into numpy views kept per address: no ctypes pointer object per call."""
 
     _TABLE = {
         "set_embeddings_layer_inp": (
@@ -72,7 +74,7 @@ class _Ext:
         "get_embeddings_layer_inp": (
             ["llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
              "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"],
-            [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+            [ctypes.c_void_p, ctypes.c_uint32], ctypes.c_void_p),
         "model_target_layer_ids": (
             ["llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
              "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"],
@@ -88,11 +90,11 @@ class _Ext:
         "get_embeddings_nextn": (
             ["llama_get_embeddings_nextn", "_Z26llama_get_embeddings_nextnP13llama_context",
              "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z"],
-            [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)),
+            [ctypes.c_void_p], ctypes.c_void_p),
         "get_embeddings_nextn_ith": (
             ["llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
              "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z"],
-            [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
+            [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p),
         "get_ctx_other": (
             ["llama_get_ctx_other", "_Z19llama_get_ctx_otherP13llama_context",
              "?llama_get_ctx_other@@YAPEAUllama_context@@PEAU1@@Z"],
@@ -104,7 +106,10 @@ class _Ext:
             raise AttributeError(name)
         names, argtypes, restype = self._TABLE[name]
         for sym in names:
-            fn = getattr(_lib, sym, None)
+            try:
+                fn = _lib[sym]  # a private function object: these argtypes are ours alone
+            except AttributeError:
+                fn = None
             if fn is not None:
                 fn.argtypes, fn.restype = argtypes, restype
                 setattr(self, name, fn)
@@ -138,6 +143,7 @@ _batch_add_embd = _fast("llama_batch_ext_add_embd", [_VP, _I32, _Embd], _I32)
 _batch_set_embd_token = _fast("llama_batch_ext_set_embd_token", [_VP, _I32, _Embd], ctypes.c_bool)
 _batch_set_pos = _fast("llama_batch_ext_set_pos", [_VP, _I32, _VP], ctypes.c_bool)  # const llama_pos *
 _batch_set_output = _fast("llama_batch_ext_set_output_logits", [_VP, _I32, ctypes.c_bool], ctypes.c_bool)
+_get_logits_ith = _fast("llama_get_logits_ith", [_VP, _I32], _VP)  # an address (int), or None
 
 # --------------------------------------------------------------------------------------
 # Owned handles
@@ -412,10 +418,10 @@ class Context(_Owned):
 
     def logits(self, i: int) -> np.ndarray:
         """A view of the logits of output entry `i` (valid until the next decode)."""
-        ptr = C.llama_get_logits_ith(self.ptr, i)
-        if not ptr:
+        addr = _get_logits_ith(self.ptr, i)
+        if not addr:
             raise LlamaError(f"no logits for batch entry {i} (was its output flag set?)")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return self._view(addr, 1, self.n_vocab)[0]
 
     def argmax(self, i: int) -> int:
         return int(self.logits(i).argmax())
@@ -513,10 +519,9 @@ class Context(_Owned):
             raise LlamaError(f"no layer input for layer {layer}")
         return self._view(ptr, n_rows, self.model.n_embd)
 
-    def _view(self, ptr, n_rows: int, width: int) -> np.ndarray:
-        """[n_rows, width] float32 rows at `ptr`, a view; views are kept per address and width
-        (np.ctypeslib.as_array costs a few us each time) and widened when more rows are asked for."""
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    def _view(self, addr: int, n_rows: int, width: int) -> np.ndarray:
+        """[n_rows, width] float32 rows at address `addr`, a view; views are kept per address and
+        width (building one costs a few us) and widened when more rows are asked for."""
         views = self.__dict__.setdefault("_views", {})
         view = views.get((addr, width))
         if view is None or len(view) < n_rows:
