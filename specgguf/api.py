@@ -115,9 +115,10 @@ class SpecGGUF:
         per model, a few seconds; cached). CPU only; it costs speed (README).
         n_parallel: generations that run at once, from any threads, in one context (one target
         pass per round for all of them: decoding/parallel.py), each with n_ctx tokens of its own
-        and its own prompt cache; more wait for a free slot. Drafts: none, ngram, suffix, or a
-        plain draft model (kind model: one context for all slots; drafts asked for at once share a
-        pass); the kinds that read the target's hidden states run with one sequence for now."""
+        and its own prompt cache; more wait for a free slot. Every draft kind but mtp: a draft
+        model is loaded once for all slots (a plain one drafts in one context for all of them,
+        and drafts asked for at once share a pass; eagle3, dflash and dspark keep a context per
+        slot)."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,

@@ -98,6 +98,28 @@ def test_each_slot_keeps_its_prompt_cache(qwen3_target):
         assert ref.generate(long_a + first[0].text + " and", max_tokens=MAX_TOKENS).tokens == again[1].tokens
 
 
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "eagle3-counting", "dspark-counting"])
+def test_hidden_state_drafts_in_parallel_answer_as_alone(qwen3_target, counting_target, hidden_drafts, name):
+    """eagle3, dflash and dspark drafts read each slot's rows of the shared pass (its layer
+    inputs at the slot's offset) into a draft context per slot; on the counting target drafts
+    are accepted, so the per-slot rollbacks are exercised. Greedy, fixed length 4."""
+    target = counting_target if "counting" in name else qwen3_target
+    draft = str(hidden_drafts[name])
+    with SpecGGUF(target, draft=draft, draft_max=4, n_ctx=N_CTX) as ref:
+        want = [ref.generate(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
+    with SpecGGUF(target, draft=draft, draft_max=4, n_ctx=N_CTX, n_parallel=3) as llm:
+        got = together(llm, PROMPTS)
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        assert sum(r.stats.drafted for r in got) > 0
+        assert len({id(e.drafter.model) for e in llm._pool.engines}) == 1  # the draft is loaded once
+        # each slot's drafts saw its own features: the same drafts, accepted as often, as alone
+        # (a slot reading another's rows would still answer right, but draft worse)
+        assert [(r.stats.drafted, r.stats.accepted) for r in got] == \
+            [(r.stats.drafted, r.stats.accepted) for r in want]
+        if "counting" in name:
+            assert sum(r.stats.accepted for r in got) > 0
+
+
 def test_a_model_draft_drafts_for_every_slot_and_steps_share_passes(qwen3_target, qwen3_draft):
     """Fixed-length model drafts on three slots: answers (greedy and seeded sampling) are the
     lone ones, and draft steps asked for at once share a pass of the one draft context."""
@@ -114,12 +136,16 @@ def test_a_model_draft_drafts_for_every_slot_and_steps_share_passes(qwen3_target
             assert steps > 0 and shared.passes < steps + sum(r.stats.rounds for r in got)
 
 
-def test_parallel_refusals(qwen3_target, hidden_drafts):
+def test_parallel_refusals(qwen3_target, tmp_path):
+    from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4, write_gemma4_assistant
+
     for bad in (0, -1, 65, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="n_parallel"):
             SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=bad)
-    with pytest.raises(ValueError, match="not a dflash draft"):
-        SpecGGUF(qwen3_target, draft=str(hidden_drafts["dflash"]), n_ctx=N_CTX, n_parallel=2)
+    g4 = write_gemma4(tmp_path / "g4.gguf", Gemma4Shape(), seed=0)
+    mtp = write_gemma4_assistant(tmp_path / "assistant.gguf", Gemma4Shape())
+    with pytest.raises(ValueError, match="mtp draft"):  # it shares the target's own cache
+        SpecGGUF(g4, draft=str(mtp), n_ctx=N_CTX, n_parallel=2)
     with pytest.raises(ValueError, match="batch_invariant"):
         SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=2, batch_invariant=True)
     with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:

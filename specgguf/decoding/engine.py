@@ -272,6 +272,7 @@ class Generation:
             ctx.decode(batch)
             if drafter is not None:
                 drafter.process(chunk, start)
+            ctx.outputs_read()  # a shared pass's layer inputs are read: the next may overwrite them
             self._synced = body[:start + len(chunk)]
         if drafter is not None:
             drafter.begin(body)

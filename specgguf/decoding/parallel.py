@@ -50,19 +50,17 @@ class _Request:
 
 
 def _run_passes(jobs: queue.Queue) -> None:
-    """The decode thread: one pass after another, until None."""
+    """The decode thread: one job (a pass, of the target or of a draft) after another, until None."""
     while True:
         job = jobs.get()
         if job is None:
             return
-        ctx, batch, done, out = job
+        fn, done, out = job
         try:
-            t0 = time.perf_counter()
-            ctx.decode(batch)
-            out.append(time.perf_counter() - t0)
-        except BaseException as exc:  # handed to the sequences of the pass
+            out.append(fn())
+        except BaseException as exc:  # handed to the caller
             out.append(exc)
-        del ctx, batch  # hold nothing between passes
+        del fn  # hold nothing between passes
         done.set()
 
 
@@ -90,6 +88,8 @@ class SharedContext:
         # average): the rest of the batch, as one sequence's length chooser sees it
         self._rows: dict[int, int] = {}
         self._tokens: dict[int, float] = {}
+        self._layer_users: dict[int, set[int]] = {}  # target layer -> sequences whose drafters read its inputs
+        self._readers: set[int] = set()
         # on_pass(rows, seconds, positions): a pass whose rows all had outputs, timed (a verify
         # pass of that width, for the cost profile); None: not reported
         self.on_pass = None
@@ -110,13 +110,37 @@ class SharedContext:
         self._runner.start()
         weakref.finalize(self, self._jobs.put, None)
 
-    def _decode_on_runner(self, batch) -> float:
+    def run(self, fn):
+        """fn() on the decode thread; its result (a draft context's passes go through here:
+        native.Context.runner)."""
         done, out = threading.Event(), []
-        self._jobs.put((self.ctx, batch, done, out))
+        self._jobs.put((fn, done, out))
         done.wait()
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
+
+    def _decode_on_runner(self, batch) -> float:
+        ctx = self.ctx
+
+        def timed() -> float:
+            t0 = time.perf_counter()
+            ctx.decode(batch)
+            return time.perf_counter() - t0
+
+        return self.run(timed)
+
+    def set_layer_input(self, seq: int, layer: int, on: bool) -> None:
+        """A drafter of `seq` reads (on) or stops reading the inputs of target layer `layer`:
+        llama.cpp extracts them while any sequence's drafter does, and a sequence that reads
+        them holds every pass it was in, outputs or not, until it says it has read it."""
+        with self._cond:
+            users = self._layer_users.setdefault(layer, set())
+            before = bool(users)
+            (users.add if on else users.discard)(seq)
+            self._readers = set().union(*self._layer_users.values())
+        if bool(users) != before:
+            self.kv(self.ctx.set_layer_input, layer, bool(users))
 
     def close(self) -> None:
         """Stop the decode thread (after the last pass), if this context started it."""
@@ -239,7 +263,7 @@ class SharedContext:
         self.last_width = n
         for r in taken:
             r.done, r.error = True, error
-            if error is None and r.n_outputs:
+            if error is None and (r.n_outputs or r.seq in self._readers):
                 self._holders.add(r.seq)
         self._cond.notify_all()
 
@@ -291,6 +315,19 @@ class SeqContext:
     @property
     def closed(self) -> bool:
         return self.shared.ctx.closed
+
+    @property
+    def native(self):
+        """The shared native.Context (a draft context's ctx_other: the target's weights)."""
+        return self.shared.ctx
+
+    def set_layer_input(self, layer: int, on: bool) -> None:
+        self.shared.set_layer_input(self.seq, layer, on)
+
+    def layer_input_view(self, layer: int, n_rows: int):
+        """This sequence's rows of the last pass's inputs of `layer` (read before outputs_read)."""
+        t = self._tokens
+        return self.shared.ctx.layer_input_view(layer, t + n_rows)[t:]
 
     @property
     def cold(self) -> bool:

@@ -102,6 +102,8 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
         from .mtp import MTPDrafter
 
         return MTPDrafter(info, target, draft_max=draft_max, **common)
+    if options.get("shared_draft") is not None:
+        common["shared"] = options["shared_draft"]
     if kind == "eagle3":
         from .eagle3 import Eagle3Drafter
 
@@ -115,7 +117,7 @@ def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int |
                       n_gpu_layers: int | None = None):
     """The SharedDraft the slots of a parallel target draft with (drafters/model.py), for a
     draft spec naming a file ('PATH' or 'suffix+PATH'); None for ngram and suffix, which keep
-    their state in Python. Kinds that read the target's hidden states are refused for now."""
+    their state in Python. mtp, which shares the target's own cache, is refused for now."""
     from ..errors import UserError
     from ..runtime.compat import check_loadable
     from ..runtime.ggufinfo import read_gguf
@@ -129,11 +131,11 @@ def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int |
     info = read_gguf(path, "draft")
     check_loadable(info, "draft")
     kind = kind or detect_kind(info)
-    if kind != "model":
-        raise UserError(f"n_parallel > 1 drafts with ngram, suffix or a plain draft model for now, not a {kind} draft "
-                        f"({info.path.name}): run it with one sequence, or draft with ngram or suffix",
-                        param="n_parallel")
+    if kind == "mtp":
+        raise UserError(f"n_parallel > 1 cannot draft with an mtp draft for now ({info.path.name}: it shares the "
+                        "target's own cache, which holds one sequence per slot): run it with one sequence, or "
+                        "draft with ngram, suffix or another draft kind", param="n_parallel")
     from .model import SharedDraft
 
-    return SharedDraft(info, slot, n_gpu_layers=slot.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
+    return SharedDraft(info, slot, kind, n_gpu_layers=slot.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
                        n_threads=n_threads)

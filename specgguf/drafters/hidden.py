@@ -17,14 +17,21 @@ class HiddenStateDrafter(Drafter):
     kind = "hidden"
 
     def __init__(self, info, target, n_threads: int | None = None, n_gpu_layers: int = 0,
-                 p_min: float = 0.0, n_min: int = 0):
+                 p_min: float = 0.0, n_min: int = 0, shared=None):
+        """shared: a model.SharedDraft when `target` is a slot of a parallel target: its model,
+        and a context of this drafter's own whose passes run on the target's decode thread."""
         check_hidden_state_pair(target.info, info, self.kind, p_min)  # before llama.cpp sees the pair
         self.info, self.target = info, target
         self.p_min, self.n_min = float(p_min), int(n_min)
-        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        self.shared = shared
+        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers) if shared is None else shared.use()
         try:
+            # a slot's SeqContext lends the shared native context (the target's weights)
+            other = getattr(target.ctx, "native", target.ctx)
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx)
+                                      n_threads=n_threads, ctx_other=other)
+            if shared is not None:
+                self.ctx.runner = target.pool.shared.run
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()
@@ -79,7 +86,10 @@ class HiddenStateDrafter(Drafter):
         if target is not None and not target.ctx.closed:
             for lid in getattr(self, "layer_ids", []):
                 target.ctx.set_layer_input(lid, False)
-        for name in ("batch", "ctx", "model"):
+        for name in ("batch", "ctx") + (("model",) if getattr(self, "shared", None) is None else ()):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
+        if getattr(self, "shared", None) is not None:
+            self.shared, shared = None, self.shared
+            shared.release()

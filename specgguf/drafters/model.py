@@ -6,8 +6,9 @@ id_last and then each greedy draft token; the caller rolls those cells back righ
 `process` re-evaluates the verified batch (docs/loop.md §2.2, §4.1).
 
 With parallel sequences (decoding/parallel.py) the slots' drafters share one `SharedDraft`:
-one draft model, one context holding a sequence per slot; each drafter works in its slot's
-sequence, and the draft steps that several slots ask for at the same moment share a pass.
+one draft model (for every kind), and for this kind one context holding a sequence per slot;
+each drafter works in its slot's sequence, and the draft steps that several slots ask for at
+the same moment share a pass.
 """
 
 from __future__ import annotations
@@ -20,15 +21,22 @@ from .base import Drafter
 
 
 class SharedDraft:
-    """A draft model and one context with a sequence per slot of a parallel target (a
-    `parallel.Slot`'s parent): passes run on the target's decode thread, and start as soon as
-    the context is free, with every draft row asked for meanwhile. Closed by its last drafter."""
+    """The draft of the slots of a parallel target (a `parallel.Slot`'s parent), loaded once.
+    For a plain draft model (kind 'model') also one context with a sequence per slot, whose
+    passes run on the target's decode thread and start as soon as the context is free, with
+    every draft row asked for meanwhile; the drafts that read the target's hidden states keep a
+    context per slot (drafters/hidden.py). Closed by its last drafter."""
 
-    def __init__(self, info, slot, n_gpu_layers: int = 0, n_threads: int | None = None):
+    def __init__(self, info, slot, kind: str, n_gpu_layers: int = 0, n_threads: int | None = None):
         target = slot.parent
-        check_shared_vocab(target.info, info)  # before llama.cpp touches the pair
-        self.info, self.users = info, 0
+        if kind == "model":
+            check_shared_vocab(target.info, info)  # before llama.cpp touches the pair
+        self.info, self.kind, self.users = info, kind, 0
         self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        self.ctx = self.batch = self.shared = None
+        self.n_ctx = target.n_ctx
+        if kind != "model":
+            return
         try:
             n = target.n_parallel
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx * n, n_batch=target.ctx.n_batch,
@@ -38,18 +46,23 @@ class SharedDraft:
             self.model.close()
             raise
         self.shared = SharedContext(self.ctx, self.batch, wait_for_all=False, runner=slot.pool.shared)
-        self.n_ctx = target.n_ctx
+
+    def use(self) -> native.Model:
+        """The model, for one more drafter (each calls release() when it closes)."""
+        self.users += 1
+        return self.model
 
     def view(self, seq: int):
-        """(context, batch) of sequence `seq`, for one drafter."""
-        self.users += 1
+        """(context, batch) of sequence `seq`, for one drafter (kind 'model')."""
+        self.use()
         return SeqContext(self.shared, seq, self.n_ctx), PendingRows(self.batch.capacity)
 
     def release(self) -> None:
         self.users -= 1
         if self.users <= 0:
             for obj in (self.batch, self.ctx, self.model):
-                obj.close()
+                if obj is not None:
+                    obj.close()
 
 
 class ModelDrafter(Drafter):

@@ -260,6 +260,9 @@ class Context(_Owned):
         # llama.cpp reserves one output row per sequence when it creates the context
         self.widest_outputs, self.cold = 1, False  # see _process
         self._logits_view = None  # (address, [rows, n_vocab] view) for logits_block
+        # runner(fn): where llama_process runs (None: the calling thread). A draft context beside
+        # a parallel target runs its passes on the target's decode thread (decoding/parallel.py).
+        self.runner = None
 
     def _free(self, ptr):
         C.llama_free(ptr)
@@ -286,7 +289,11 @@ class Context(_Owned):
         self.cold = batch.n_outputs > self.widest_outputs
         if self.cold:
             self.widest_outputs = batch.n_outputs
-        rc = C.llama_process(self.ptr, kind, batch.ptr)
+        if self.runner is None:
+            rc = C.llama_process(self.ptr, kind, batch.ptr)
+        else:
+            ptr, batch_ptr = self.ptr, batch.ptr
+            rc = self.runner(lambda: C.llama_process(ptr, kind, batch_ptr))
         if rc != 0:
             raise LlamaError(_PROCESS_ERRORS.get(rc, f"llama_process failed with code {rc}"))
 
