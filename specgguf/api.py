@@ -292,10 +292,12 @@ class SpecGGUF:
 
         self._check_open()
         capacity_bytes = llamaargs.whole("capacity_bytes", capacity_bytes, 0)
-        if capacity_bytes and self._pool is not None:
-            raise UserError("saved cache states are kept for one sequence only: with n_parallel > 1 each slot keeps "
-                            "its own live context (its prompt cache), so set no cache bytes", param="capacity_bytes")
-        self.target.saved_states = StateCache(capacity_bytes) if capacity_bytes else None
+        cache = StateCache(capacity_bytes) if capacity_bytes else None
+        if self._pool is not None:  # one cache for all slots: a state saved by one loads into any
+            for slot in self._pool.slots:
+                slot.saved_states = cache
+            return
+        self.target.saved_states = cache
 
     def set_cache(self, cache) -> None:
         """llama_cpp.Llama.set_cache: a `llama_cpp.LlamaRAMCache` (its capacity_bytes is used) or

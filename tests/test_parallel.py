@@ -190,8 +190,26 @@ def test_serve_parallel_answers_concurrent_clients_as_alone(qwen3_target):
 
     r = run_cli("serve", str(qwen3_target), "--parallel", "0")
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "--parallel" in r.stderr
-    r = run_cli("serve", str(qwen3_target), "--parallel", "2", "--cache-ram", "64")
+    r = run_cli("serve", str(qwen3_target), "--parallel", "2", "--cache-ram", "-1")
     assert r.returncode != 0 and "--cache-ram" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_slots_share_saved_states(qwen3_target):
+    """--cache-ram with slots: one StateCache for all. Three long conversations on two slots:
+    the third takes a slot whose live context is saved first, and when that conversation comes
+    back (on whichever slot is free) it is loaded from the saved state, not re-read; the answer
+    is the lone model's."""
+    a, b, c = (" ".join(PROMPTS[i:i + 3]) * 2 for i in (0, 1, 2))
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:
+        llm.set_cache_bytes(64 << 20)
+        together(llm, [a, b])  # both slots hold a conversation
+        llm.generate(c, max_tokens=8)  # takes one of them: its context is saved first
+        back = [llm.generate(x + " and", max_tokens=MAX_TOKENS) for x in (a, b)]
+        assert min(r.stats.cached_tokens for r in back) >= 32, [r.stats.cached_tokens for r in back]
+        states = llm._pool.slots[0].saved_states
+        assert states is not None and states is llm._pool.slots[1].saved_states and len(states) >= 1
+    with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX) as ref:
+        assert [r.tokens for r in back] == [ref.generate(x + " and", max_tokens=MAX_TOKENS).tokens for x in (a, b)]
 
 
 def test_load_with_disconnects_on_four_slots(qwen3_target):

@@ -75,8 +75,8 @@ def parse_origins(value: str) -> list[str]:
 @click.option("--cache-ram", type=int, default=None, metavar="MIB",
               help="Prompt cache beyond the live context: up to MIB of saved cache states, so that "
                    "clients alternating between long prompts (documents, system prompts) are not "
-                   "re-read (0: keep only the live context, which every request reuses). Default 2048 "
-                   "with one slot; with --parallel > 1 each slot keeps its live context only.")
+                   "re-read (0: keep only the live contexts, which every request reuses). Default 2048; "
+                   "with --parallel > 1 the slots share it (a state saved by one loads into any).")
 @click.option("--cors-origins", default="*", show_default=True,
               help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
@@ -92,10 +92,7 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
 
     if not 1 <= parallel <= MAX_PARALLEL:
         raise UserError(f"--parallel must be in 1..{MAX_PARALLEL} (got {parallel})")
-    if cache_ram is not None and parallel > 1 and cache_ram > 0:
-        raise UserError("--cache-ram keeps saved states for one sequence: with --parallel > 1 each slot keeps its "
-                        "own live context instead; drop --cache-ram or use --parallel 1")
-    cache_ram = (2048 if parallel == 1 else 0) if cache_ram is None else cache_ram
+    cache_ram = 2048 if cache_ram is None else cache_ram
     if not 0 <= cache_ram <= 1 << 30:
         raise UserError(f"--cache-ram must be a number of MiB >= 0 (got {cache_ram})")
     origins = parse_origins(cors_origins)
