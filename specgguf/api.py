@@ -115,9 +115,9 @@ class SpecGGUF:
         per model, a few seconds; cached). CPU only; it costs speed (README).
         n_parallel: generations that run at once, from any threads, in one context (one target
         pass per round for all of them: decoding/parallel.py), each with n_ctx tokens of its own
-        and its own prompt cache; more wait for a free slot. Every draft kind but mtp: a draft
-        model is loaded once for all slots (a plain one drafts in one context for all of them,
-        and drafts asked for at once share a pass; eagle3, dflash and dspark keep a context per
+        and its own prompt cache; more wait for a free slot. Every draft kind: a draft model is
+        loaded once for all slots (a plain one drafts in one context for all of them, and drafts
+        asked for at once share a pass; eagle3, dflash, dspark and mtp keep a context per
         slot)."""
         self.drafter = self.target = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,

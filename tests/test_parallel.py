@@ -136,16 +136,27 @@ def test_a_model_draft_drafts_for_every_slot_and_steps_share_passes(qwen3_target
             assert steps > 0 and shared.passes < steps + sum(r.stats.rounds for r in got)
 
 
-def test_parallel_refusals(qwen3_target, tmp_path):
+def test_an_mtp_draft_in_parallel_attends_to_its_slots_cells(tmp_path):
+    """Gemma 4's assistant keeps no cache: it reads the target's. With slots, each drafter's
+    MTP context names its slot's sequence, so it attends to that slot's cells only: every
+    request drafts and accepts what it does alone (counting target and assistant)."""
     from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4, write_gemma4_assistant
 
+    g4 = write_gemma4(tmp_path / "g4.gguf", Gemma4Shape(), seed=0, counting=True)
+    mtp = str(write_gemma4_assistant(tmp_path / "assistant.gguf", Gemma4Shape(), counting_target_seed=0))
+    with SpecGGUF(g4, draft=mtp, draft_max=4, n_ctx=N_CTX) as ref:
+        want = [ref.generate(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
+    with SpecGGUF(g4, draft=mtp, draft_max=4, n_ctx=N_CTX, n_parallel=3) as llm:
+        got = together(llm, PROMPTS)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert [(r.stats.drafted, r.stats.accepted) for r in got] == [(r.stats.drafted, r.stats.accepted) for r in want]
+    assert sum(r.stats.accepted for r in got) > 0
+
+
+def test_parallel_refusals(qwen3_target):
     for bad in (0, -1, 65, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="n_parallel"):
             SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=bad)
-    g4 = write_gemma4(tmp_path / "g4.gguf", Gemma4Shape(), seed=0)
-    mtp = write_gemma4_assistant(tmp_path / "assistant.gguf", Gemma4Shape())
-    with pytest.raises(ValueError, match="mtp draft"):  # it shares the target's own cache
-        SpecGGUF(g4, draft=str(mtp), n_ctx=N_CTX, n_parallel=2)
     with pytest.raises(ValueError, match="batch_invariant"):
         SpecGGUF(qwen3_target, n_ctx=N_CTX, n_parallel=2, batch_invariant=True)
     with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX, n_parallel=2) as llm:

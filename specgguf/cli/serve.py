@@ -64,7 +64,7 @@ def parse_origins(value: str) -> list[str]:
 @click.option("--parallel", "-np", type=int, default=1, show_default=True, metavar="N",
               help="Requests decoded at once, in one batch per round (continuous batching), each with "
                    "--ctx tokens of its own and its own prompt cache; more wait in the queue. Any "
-                   "--draft but an mtp draft (a draft model is loaded once for all slots). Default 1: on a small CPU a pass of 4 rows costs "
+                   "--draft (a draft model is loaded once for all slots). Default 1: on a small CPU a pass of 4 rows costs "
                    "nearly 3 passes of one (docs/loop.md §9), so slots pay only with several busy "
                    "clients; on a GPU, where a few rows cost about one, use 4 or more.")
 @click.option("--max-queue", type=int, default=64, show_default=True,

@@ -88,7 +88,7 @@ class SharedContext:
         # average): the rest of the batch, as one sequence's length chooser sees it
         self._rows: dict[int, int] = {}
         self._tokens: dict[int, float] = {}
-        self._layer_users: dict[int, set[int]] = {}  # target layer -> sequences whose drafters read its inputs
+        self._layer_users: dict[tuple, set[int]] = {}  # what a pass extracts -> sequences whose drafters read it
         self._readers: set[int] = set()
         # on_pass(rows, seconds, positions): a pass whose rows all had outputs, timed (a verify
         # pass of that width, for the cost profile); None: not reported
@@ -134,13 +134,20 @@ class SharedContext:
         """A drafter of `seq` reads (on) or stops reading the inputs of target layer `layer`:
         llama.cpp extracts them while any sequence's drafter does, and a sequence that reads
         them holds every pass it was in, outputs or not, until it says it has read it."""
+        self._read_by(seq, ("layer", layer), on, lambda wanted: self.ctx.set_layer_input(layer, wanted))
+
+    def set_embeddings_nextn(self, seq: int, on: bool) -> None:
+        """As set_layer_input, for the target's state after its final norm at every row (mtp)."""
+        self._read_by(seq, ("nextn",), on, lambda wanted: self.ctx.set_embeddings_nextn(wanted, False))
+
+    def _read_by(self, seq: int, what: tuple, on: bool, switch) -> None:
         with self._cond:
-            users = self._layer_users.setdefault(layer, set())
+            users = self._layer_users.setdefault(what, set())
             before = bool(users)
             (users.add if on else users.discard)(seq)
             self._readers = set().union(*self._layer_users.values())
         if bool(users) != before:
-            self.kv(self.ctx.set_layer_input, layer, bool(users))
+            self.kv(switch, bool(users))
 
     def close(self) -> None:
         """Stop the decode thread (after the last pass), if this context started it."""
@@ -323,6 +330,17 @@ class SeqContext:
 
     def set_layer_input(self, layer: int, on: bool) -> None:
         self.shared.set_layer_input(self.seq, layer, on)
+
+    def set_embeddings_nextn(self, on: bool, masked: bool = False) -> None:
+        if masked:
+            raise ValueError("a shared target extracts its nextn state at every row (unmasked) only")
+        self.shared.set_embeddings_nextn(self.seq, on)
+
+    def embeddings_nextn(self, n_rows: int, width: int, copy: bool = True):
+        """This sequence's rows of the last pass's nextn states (read before outputs_read)."""
+        t = self._tokens
+        rows = self.shared.ctx.embeddings_nextn(t + n_rows, width, copy=False)[t:]
+        return rows.copy() if copy else rows
 
     def layer_input_view(self, layer: int, n_rows: int):
         """This sequence's rows of the last pass's inputs of `layer` (read before outputs_read)."""

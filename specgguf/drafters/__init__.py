@@ -21,6 +21,9 @@ def top10_prob(logits, tok: int) -> float:
 
 KINDS = ("model", "ngram", "eagle3", "dflash", "dspark", "mtp")
 LOOKUPS = ("ngram", "suffix")  # draft kinds that need no file
+# the kinds a draft file of each detected kind may run as (--draft-kind)
+ALLOWED_KINDS = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"},
+                 "mtp": {"mtp"}}
 
 
 def detect_kind(info) -> str:
@@ -87,9 +90,7 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     check_loadable(info, "draft")
     detected = detect_kind(info)
     kind = kind or detected
-    allowed = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"},
-               "mtp": {"mtp"}}
-    if kind not in allowed[detected]:
+    if kind not in ALLOWED_KINDS[detected]:
         raise UserError(f"draft {info.path.name} is a {detected} draft (arch {info.arch}); it cannot run as "
                         f"--draft-kind {kind}")
     common = dict(n_threads=n_threads, p_min=p_min, n_min=n_min,
@@ -98,12 +99,12 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
         from .model import ModelDrafter
 
         return ModelDrafter(info, target, **common, shared=options.get("shared_draft"))
+    if options.get("shared_draft") is not None:
+        common["shared"] = options["shared_draft"]
     if kind == "mtp":
         from .mtp import MTPDrafter
 
         return MTPDrafter(info, target, draft_max=draft_max, **common)
-    if options.get("shared_draft") is not None:
-        common["shared"] = options["shared_draft"]
     if kind == "eagle3":
         from .eagle3 import Eagle3Drafter
 
@@ -117,8 +118,7 @@ def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int |
                       n_gpu_layers: int | None = None):
     """The SharedDraft the slots of a parallel target draft with (drafters/model.py), for a
     draft spec naming a file ('PATH' or 'suffix+PATH'); None for ngram and suffix, which keep
-    their state in Python. mtp, which shares the target's own cache, is refused for now."""
-    from ..errors import UserError
+    their state in Python."""
     from ..runtime.compat import check_loadable
     from ..runtime.ggufinfo import read_gguf
 
@@ -130,11 +130,10 @@ def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int |
         return None  # make_drafter says what is wrong with it
     info = read_gguf(path, "draft")
     check_loadable(info, "draft")
-    kind = kind or detect_kind(info)
-    if kind == "mtp":
-        raise UserError(f"n_parallel > 1 cannot draft with an mtp draft for now ({info.path.name}: it shares the "
-                        "target's own cache, which holds one sequence per slot): run it with one sequence, or "
-                        "draft with ngram, suffix or another draft kind", param="n_parallel")
+    detected = detect_kind(info)
+    kind = kind or detected
+    if kind not in ALLOWED_KINDS[detected]:
+        return None  # make_drafter says why
     from .model import SharedDraft
 
     return SharedDraft(info, slot, kind, n_gpu_layers=slot.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,

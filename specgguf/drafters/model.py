@@ -25,7 +25,7 @@ class SharedDraft:
     For a plain draft model (kind 'model') also one context with a sequence per slot, whose
     passes run on the target's decode thread and start as soon as the context is free, with
     every draft row asked for meanwhile; the drafts that read the target's hidden states keep a
-    context per slot (drafters/hidden.py). Closed by its last drafter."""
+    context per slot (drafters/hidden.py, drafters/mtp.py). Closed by its last drafter."""
 
     def __init__(self, info, slot, kind: str, n_gpu_layers: int = 0, n_threads: int | None = None):
         target = slot.parent

@@ -25,14 +25,27 @@ class MTPDrafter(Drafter):
     kind = "mtp"
 
     def __init__(self, info, target, draft_max: int | str = 8, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, p_min: float = 0.0, n_min: int = 0):
+                 n_gpu_layers: int = 0, p_min: float = 0.0, n_min: int = 0, shared=None):
+        """shared: a model.SharedDraft when `target` is a slot of a parallel target: its model,
+        and an MTP context of this drafter's own on the shared target context, whose entries
+        name the slot's sequence (they attend to its cells) and whose passes run on the
+        target's decode thread."""
         check_mtp_pair(target.info, info)  # before llama.cpp sees the pair
         self.info, self.target = info, target
         self.p_min, self.n_min = float(p_min), int(n_min)
-        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers)
+        self.shared = shared
+        self.seq = getattr(target, "seq", 0)
+        self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers) if shared is None else shared.use()
         try:
-            self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx, mtp=True)
+            if shared is None:
+                self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
+                                          n_threads=n_threads, ctx_other=target.ctx, mtp=True)
+            else:
+                other = target.ctx.native
+                self.ctx = native.Context(self.model, n_ctx=other.n_ctx, n_batch=target.ctx.n_batch,
+                                          n_threads=n_threads, ctx_other=other, mtp=True,
+                                          n_seq_max=target.parent.n_parallel)
+                self.ctx.runner = target.pool.shared.run
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()
@@ -80,7 +93,7 @@ class MTPDrafter(Drafter):
         scored = self.p_min > 0 or self.chooser is not None  # a top-10 softmax is a vocabulary scan
         while len(out) < n_max:
             b.clear()
-            b.add_embedding(h, pos0, output=True, token=tok)
+            b.add_embedding(h, pos0, output=True, token=tok, seq=self.seq)
             ctx.decode(b)
             logits = ctx.logits(0)
             tok = int(logits.argmax())
@@ -100,7 +113,10 @@ class MTPDrafter(Drafter):
         target = getattr(self, "target", None)
         if target is not None and not target.ctx.closed:
             target.ctx.set_embeddings_nextn(False, False)
-        for name in ("batch", "ctx", "model"):
+        for name in ("batch", "ctx") + (("model",) if getattr(self, "shared", None) is None else ()):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
+        if getattr(self, "shared", None) is not None:
+            self.shared, shared = None, self.shared
+            shared.release()

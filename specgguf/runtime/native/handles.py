@@ -502,10 +502,11 @@ class Batch(_Owned):
                 self.n_outputs += 1
             self.n_tokens += 1
 
-    def add_embedding(self, row: np.ndarray, pos: int, output: bool = False, token: int | None = None) -> int:
-        """Add an entry carrying an embedding row (and optionally a token id as well)."""
+    def add_embedding(self, row: np.ndarray, pos: int, output: bool = False, token: int | None = None,
+                      seq: int = 0) -> int:
+        """Add an entry of sequence `seq` carrying an embedding row (and optionally a token id as well)."""
         row = np.ascontiguousarray(row, dtype=np.float32)
-        return self._add_embd(row.ctypes.data, row.size, pos, output, token)
+        return self._add_embd(row.ctypes.data, row.size, pos, output, token, seq)
 
     def add_embeddings(self, rows: np.ndarray, pos0: int, output: bool = False, tokens=None) -> None:
         """One entry per row of `rows` at positions pos0, pos0 + 1, ... (with tokens[j] as
@@ -518,13 +519,13 @@ class Batch(_Owned):
         for j in range(len(rows)):
             self._add_embd(base + j * stride, width, pos0 + j, output, None if tokens is None else tokens[j])
 
-    def _add_embd(self, addr: int, width: int, pos: int, output: bool, token: int | None) -> int:
+    def _add_embd(self, addr: int, width: int, pos: int, output: bool, token: int | None, seq: int = 0) -> int:
         ptr, embd = self.ptr, self._embd
         embd.data, embd.n_embd = addr, width
         if token is None:
-            i = _batch_add_embd(ptr, 0, embd)
+            i = _batch_add_embd(ptr, seq, embd)
         else:
-            i = _batch_add_token(ptr, 0, token)
+            i = _batch_add_token(ptr, seq, token)
             if i >= 0 and not _batch_set_embd_token(ptr, i, embd):
                 raise LlamaError(f"embedding of width {width} rejected by the batch")
         if i < 0:
