@@ -129,9 +129,9 @@ def test_a_model_draft_drafts_for_every_slot_and_steps_share_passes(qwen3_target
         with SpecGGUF(qwen3_target, draft=str(qwen3_draft), draft_max=4, n_ctx=N_CTX, n_parallel=3) as llm:
             got = together(llm, PROMPTS, **sampling)
             assert [r.tokens for r in got] == [r.tokens for r in want]
-            drafters = {id(e.drafter.shared) for e in llm._pool.engines}
+            drafters = {id(e.drafter.shared_draft) for e in llm._pool.engines}
             assert len(drafters) == 1  # one SharedDraft
-            shared = llm._pool.engines[0].drafter.shared.shared
+            shared = llm._pool.engines[0].drafter.shared_draft.shared
             steps = sum(r.stats.drafted for r in got)
             assert steps > 0 and shared.passes < steps + sum(r.stats.rounds for r in got)
 

@@ -88,7 +88,7 @@ class SharedContext:
         # average): the rest of the batch, as one sequence's length chooser sees it
         self._rows: dict[int, int] = {}
         self._tokens: dict[int, float] = {}
-        self._layer_users: dict[tuple, set[int]] = {}  # what a pass extracts -> sequences whose drafters read it
+        self._read_for: dict[tuple, set[int]] = {}  # what a pass extracts -> sequences whose drafters read it
         self._readers: set[int] = set()
         # on_pass(rows, seconds, positions): a pass whose rows all had outputs, timed (a verify
         # pass of that width, for the cost profile); None: not reported
@@ -142,10 +142,10 @@ class SharedContext:
 
     def _read_by(self, seq: int, what: tuple, on: bool, switch) -> None:
         with self._cond:
-            users = self._layer_users.setdefault(what, set())
+            users = self._read_for.setdefault(what, set())
             before = bool(users)
             (users.add if on else users.discard)(seq)
-            self._readers = set().union(*self._layer_users.values())
+            self._readers = set().union(*self._read_for.values())
         if bool(users) != before:
             self.kv(switch, bool(users))
 

@@ -79,6 +79,8 @@ class Drafter:
     # the prompt tokens whose state the drafter holds since its last generation (set by the
     # engine; None: unknown, so the next generation starts from scratch)
     kept: list | None = None
+    # the drafters.model.SharedDraft its model is borrowed from (slots of a parallel target)
+    shared_draft = None
 
     @property
     def profile_id(self) -> str:
@@ -125,6 +127,20 @@ class Drafter:
 
     def close(self) -> None:
         pass
+
+    def _close_handles(self, *owned: str) -> None:
+        """Close the llama.cpp handles this drafter owns (attribute names, in order), then its
+        model, or hand back the model borrowed from a SharedDraft. Safe to call twice, and on
+        a drafter whose construction stopped halfway."""
+        for name in owned:
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+        shared, self.shared_draft = self.shared_draft, None
+        if shared is not None:
+            shared.release()
+        elif getattr(self, "model", None) is not None:
+            self.model.close()
 
     def keep_drafting(self, confidence: list, n_max: int) -> bool:
         """A sequential drafter's check before drafting token len(confidence) + 1 of at most

@@ -23,7 +23,7 @@ class HiddenStateDrafter(Drafter):
         check_hidden_state_pair(target.info, info, self.kind, p_min)  # before llama.cpp sees the pair
         self.info, self.target = info, target
         self.p_min, self.n_min = float(p_min), int(n_min)
-        self.shared = shared
+        self.shared_draft = shared
         self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers) if shared is None else shared.use()
         try:
             # a slot's SeqContext lends the shared native context (the target's weights)
@@ -86,10 +86,4 @@ class HiddenStateDrafter(Drafter):
         if target is not None and not target.ctx.closed:
             for lid in getattr(self, "layer_ids", []):
                 target.ctx.set_layer_input(lid, False)
-        for name in ("batch", "ctx") + (("model",) if getattr(self, "shared", None) is None else ()):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                obj.close()
-        if getattr(self, "shared", None) is not None:
-            self.shared, shared = None, self.shared
-            shared.release()
+        self._close_handles("batch", "ctx")

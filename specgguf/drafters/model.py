@@ -78,7 +78,7 @@ class ModelDrafter(Drafter):
         self.p_min, self.n_min = float(p_min), int(n_min)
         self._pending = []
         self._kv_end = 0
-        self.shared = shared
+        self.shared_draft = shared
         if shared is not None:
             self.model = shared.model
             self.ctx, self.batch = shared.view(target.seq)
@@ -197,11 +197,5 @@ class ModelDrafter(Drafter):
             self._kv_end = pos
 
     def close(self) -> None:
-        if getattr(self, "shared", None) is not None:
-            self.shared, shared = None, self.shared
-            shared.release()
-            return
-        for name in ("batch", "ctx", "model"):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                obj.close()
+        # a SharedDraft's context and batch are views of its own (it closes them with the model)
+        self._close_handles(*(() if self.shared_draft is not None else ("batch", "ctx")))

@@ -33,7 +33,7 @@ class MTPDrafter(Drafter):
         check_mtp_pair(target.info, info)  # before llama.cpp sees the pair
         self.info, self.target = info, target
         self.p_min, self.n_min = float(p_min), int(n_min)
-        self.shared = shared
+        self.shared_draft = shared
         self.seq = getattr(target, "seq", 0)
         self.model = native.Model(info.path, n_gpu_layers=n_gpu_layers) if shared is None else shared.use()
         try:
@@ -113,10 +113,4 @@ class MTPDrafter(Drafter):
         target = getattr(self, "target", None)
         if target is not None and not target.ctx.closed:
             target.ctx.set_embeddings_nextn(False, False)
-        for name in ("batch", "ctx") + (("model",) if getattr(self, "shared", None) is None else ()):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                obj.close()
-        if getattr(self, "shared", None) is not None:
-            self.shared, shared = None, self.shared
-            shared.release()
+        self._close_handles("batch", "ctx")
