@@ -25,6 +25,9 @@ Measured, greedy, both sides on the same libllama:
   dflash     vs --spec-type draft-dflash, same draft file
   eagle3     vs --spec-type draft-eagle3, same draft file
   hybrid     suffix + the dspark draft (no C++ counterpart)
+  mtp        Gemma 4's assistant (gemma4-assistant, width 128) on a gemma4 target of the small
+             widths in both modes, F32, its vocabulary padded to 151936 tokens, vs --spec-type
+             draft-mtp on the same files
 per fixed draft length: tokens/s of each side, their ratio, acceptance, and the Python time
 per round (time outside llama_process per round, in microseconds). --trace adds the Python
 time per round by phase (specgguf.decoding.trace: wall and thread CPU time, llama_process
@@ -52,6 +55,7 @@ import cpp_baseline  # noqa: E402  (runs and parses llama-speculative-simple)
 from specgguf.runtime import native  # noqa: E402
 from specgguf.drafters import make_drafter  # noqa: E402
 from specgguf.decoding.engine import Engine  # noqa: E402
+from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4, write_gemma4_assistant  # noqa: E402
 from specgguf.synthetic.qwen3 import SPECIALS, finish_gguf, train_bpe  # noqa: E402
 from specgguf.runtime.target import Target  # noqa: E402
 from specgguf.decoding import trace as round_trace  # noqa: E402
@@ -61,9 +65,16 @@ FULL = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=
             draft_layers=5, target_layers=(2, 10, 18, 26, 34), markov_rank=256, eagle3_layers=(2, 18, 33))
 SMALL = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
              draft_layers=1, target_layers=(1, 2, 3), markov_rank=32, eagle3_layers=(1, 2, 3))
-KINDS = ("ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid")
+KINDS = ("ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid", "mtp")
 NGRAM_N = 3  # n-gram length of both sides' lookups (ours: ngram_min = ngram_max)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+# The mtp row's gemma4 target (an assistant reads a gemma4 target's cache): the small widths in
+# both modes, since its Python per round follows the vocabulary, not the width; F32; the
+# vocabulary padded to the Qwen3 rows' N_VOCAB, so that every row is costed at one width.
+GEMMA4 = Gemma4Shape(n_layer=4, swa_pattern=(True, True, True, False), n_embd=256, n_head=4, n_head_kv=2,
+                     n_head_kv_full=1, head_dim=64, head_dim_swa=32, n_ff=512, sliding_window=512,
+                     n_vocab=N_VOCAB)
+GEMMA4_ASSISTANT_WIDTH = 128
 PROMPT = ("Copy the list exactly.\n1. red green blue\n2. one two three\n3. alpha beta gamma\n"
           "1. red green blue\n2. one two three\n3. alpha beta gamma\n1. red green blue\n2. one")
 
@@ -266,6 +277,76 @@ def run_ours(target, drafter, n: int, tokens, max_tokens: int, trace: bool = Fal
     return out
 
 
+def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft, lengths, work) -> list[dict]:
+    """One row per draft length for `kind`: specgguf (best of --repeat), the C++ loop on the same
+    files where `cpp_type` names its --spec-type, and with --trace the breakdown by phase."""
+    gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
+    rows = []
+    if args.no_cpp:
+        cpp_type = None
+    options = dict(ngram_min=NGRAM_N, ngram_max=NGRAM_N) if kind == "ngram" else {}
+    for n in lengths:
+        # a drafter per length: a block drafter's block is its --draft-max, as in the C++ loop
+        drafter = make_drafter(str(spec), target, draft_max=n, n_threads=args.threads, **options)
+        try:
+            extra = gpu + (["--spec-ngram-simple-size-n", str(NGRAM_N), "--spec-ngram-simple-size-m", str(n)]
+                           if kind == "ngram" else [])
+            best_cpp = best_ours = None
+            traces = []
+            for _ in range(args.repeat):
+                if cpp_type is not None:
+                    cpp = cpp_baseline.run_speculative_simple(
+                        tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
+                        threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work,
+                        extra_args=extra)
+                    if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
+                        best_cpp = cpp
+                ours = run_ours(target, drafter, n, tokens, args.tokens)
+                if best_ours is None or ours["tokens_per_second"] > best_ours["tokens_per_second"]:
+                    best_ours = ours
+                if args.trace:
+                    traces.append(run_ours(target, drafter, n, tokens, args.tokens, trace=True))
+            cpp_tps = best_cpp.tokens_per_second if best_cpp is not None else None
+            row = {"kind": kind, "draft_max": n, "ours_tokens_per_second": best_ours["tokens_per_second"],
+                   "cpp_tokens_per_second": cpp_tps,
+                   "ratio": best_ours["tokens_per_second"] / cpp_tps if cpp_tps else None,
+                   "ours_accept": best_ours["accept"],
+                   "cpp_accept": (best_cpp.n_accept / best_cpp.n_drafted if best_cpp is not None
+                                  and best_cpp.n_drafted else 0.0),
+                   "ours_drafted": best_ours["drafted"],
+                   "cpp_drafted": best_cpp.n_drafted if best_cpp is not None else None,
+                   "ours_rounds": best_ours["rounds"],
+                   "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept if best_cpp is not None else None,
+                   "python_us_per_round": best_ours["python_us_per_round"]}
+            if traces:
+                row["trace"] = best_trace(traces)
+            rows.append(row)
+            print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s"
+                  + (f", C++ {cpp_tps:.1f} tok/s" if cpp_tps else ""), file=sys.stderr, flush=True)
+        finally:
+            drafter.close()
+    return rows
+
+
+def mtp_rows(args, result: dict, lengths, work: Path) -> list[dict]:
+    """The mtp rows: Gemma 4's assistant on a gemma4 target (GEMMA4), against llama.cpp's
+    --spec-type draft-mtp on the same files."""
+    t0 = time.perf_counter()
+    tpath = write_gemma4(work / "gemma4-f32.gguf", GEMMA4, seed=0, name="synthetic-gemma4-small")
+    apath = write_gemma4_assistant(work / "gemma4-assistant-f32.gguf", GEMMA4, n_embd=GEMMA4_ASSISTANT_WIDTH)
+    result["timings_s"]["write_gemma4"] = time.perf_counter() - t0
+    result["model_mb"].update({"gemma4": tpath.stat().st_size / 1e6, "mtp": apath.stat().st_size / 1e6})
+    result["gemma4_shape"] = {"n_layer": GEMMA4.n_layer, "n_embd": GEMMA4.n_embd, "n_vocab": GEMMA4.n_vocab,
+                              "assistant_width": GEMMA4_ASSISTANT_WIDTH}
+    target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    try:
+        tokens = target.tokenize(PROMPT)
+        run_ours(target, None, 1, tokens, 8)  # warm-up
+        return kind_rows(args, target, tpath, tokens, "mtp", apath, "draft-mtp", apath, lengths, work)
+    finally:
+        target.close()
+
+
 def gemma_rows(args, lengths) -> dict:
     """Plain and ngram rounds, traced, on the embedded Gemma 3 270M (Q4_K_M, 262144 tokens): the
     loop's Python cost at the widest vocabulary specgguf ships with (specgguf's side only)."""
@@ -388,7 +469,6 @@ def main() -> int:
             result["plain_trace"] = best_trace([run_ours(target, None, 1, tokens, args.tokens, trace=True)
                                                 for _ in range(args.repeat)])
         result["verify_ms"] = verify_curve(target, tokens, WIDTHS, args.repeat)
-        gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
         # (kind, our spec, C++ --spec-type or None, C++ draft file)
         table = {"ngram": ("ngram", "ngram-simple", None), "suffix": ("suffix", None, None),
                  "dspark": (drafts.get("dspark"), "draft-dspark", drafts.get("dspark")),
@@ -396,51 +476,11 @@ def main() -> int:
                  "eagle3": (drafts.get("eagle3"), "draft-eagle3", drafts.get("eagle3")),
                  "hybrid": (f"suffix+{drafts.get('dspark')}", None, None)}
         for kind in kinds:
-            spec, cpp_type, cpp_draft = table[kind]
-            if args.no_cpp:
-                cpp_type = None
-            options = dict(ngram_min=NGRAM_N, ngram_max=NGRAM_N) if kind == "ngram" else {}
-            for n in lengths:
-                # a drafter per length: a block drafter's block is its --draft-max, as in the C++ loop
-                drafter = make_drafter(str(spec), target, draft_max=n, n_threads=args.threads, **options)
-                try:
-                    extra = gpu + (["--spec-ngram-simple-size-n", str(NGRAM_N), "--spec-ngram-simple-size-m", str(n)]
-                                   if kind == "ngram" else [])
-                    best_cpp = best_ours = None
-                    traces = []
-                    for _ in range(args.repeat):
-                        if cpp_type is not None:
-                            cpp = cpp_baseline.run_speculative_simple(
-                                tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
-                                threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work,
-                                extra_args=extra)
-                            if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
-                                best_cpp = cpp
-                        ours = run_ours(target, drafter, n, tokens, args.tokens)
-                        if best_ours is None or ours["tokens_per_second"] > best_ours["tokens_per_second"]:
-                            best_ours = ours
-                        if args.trace:
-                            traces.append(run_ours(target, drafter, n, tokens, args.tokens, trace=True))
-                    cpp_tps = best_cpp.tokens_per_second if best_cpp is not None else None
-                    row = {"kind": kind, "draft_max": n, "ours_tokens_per_second": best_ours["tokens_per_second"],
-                           "cpp_tokens_per_second": cpp_tps,
-                           "ratio": best_ours["tokens_per_second"] / cpp_tps if cpp_tps else None,
-                           "ours_accept": best_ours["accept"],
-                           "cpp_accept": (best_cpp.n_accept / best_cpp.n_drafted if best_cpp is not None
-                                          and best_cpp.n_drafted else 0.0),
-                           "ours_drafted": best_ours["drafted"],
-                           "cpp_drafted": best_cpp.n_drafted if best_cpp is not None else None,
-                           "ours_rounds": best_ours["rounds"],
-                           "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept if best_cpp is not None else None,
-                           "python_us_per_round": best_ours["python_us_per_round"]}
-                    if traces:
-                        row["trace"] = best_trace(traces)
-                    result["rows"].append(row)
-                    print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s"
-                          + (f", C++ {cpp_tps:.1f} tok/s" if cpp_tps else ""), file=sys.stderr, flush=True)
-                finally:
-                    drafter.close()
+            if kind != "mtp":
+                result["rows"] += kind_rows(args, target, tpath, tokens, kind, *table[kind], lengths, work)
         target.close()
+        if "mtp" in kinds:
+            result["rows"] += mtp_rows(args, result, lengths, work)
     finally:
         for p in work.iterdir():
             p.unlink()
@@ -459,7 +499,8 @@ def _print(r: dict) -> None:
     s = r["shape"]
     print(f"specgguf gpu_check ({r['backend']}{', small' if r['small'] else ''}): target qwen3 "
           f"{s['n_layer']}x{s['n_embd']} Q4_K_M, vocab {r['n_vocab']}; dspark/dflash {s['draft_layers']} layers, "
-          f"eagle3 1 layer, Q8_0; {r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; "
+          f"eagle3 1 layer, Q8_0{'; mtp: gemma4 4x256 F32 + assistant' if 'gemma4_shape' in r else ''}; "
+          f"{r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; "
           f"{r['machine']}")
     print(f"plain: {r['plain_tokens_per_second']:.1f} tok/s (Python {r['plain_python_us_per_token']:.0f} us/token)")
     print("verify ms by width: " + "  ".join(f"{w}:{ms:.2f}" for w, ms in r["verify_ms"].items()))

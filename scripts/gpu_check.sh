@@ -14,7 +14,7 @@
 # Options: --cpu (CPU build; it is the C++ tools build of scripts/build_llama_cpp_tools.sh, so a
 # machine that has built it compiles nothing), --small (small widths and depths, the real
 # vocabulary), --out FILE (default bench/gpu_check.json), --tokens N, --lengths 4,8,16, --repeat N,
-# --kinds ngram,suffix,dspark,dflash,eagle3,hybrid, --trace (Python us per round by phase, wall and
+# --kinds ngram,suffix,dspark,dflash,eagle3,hybrid,mtp, --trace (Python us per round by phase, wall and
 # thread CPU time), --no-cpp (specgguf's side only), --gemma (the trace on the embedded 262k-token Gemma too).
 # Env: SPECGGUF_GPU_CARRY (default .gpu-carry), SPECGGUF_BUILD_JOBS (default: all CPUs),
 # CUDA_ARCH (default: the local GPU's, from nvidia-smi), PYTHON (default python3).

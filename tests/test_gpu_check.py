@@ -30,7 +30,7 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
     assert r["plain_tokens_per_second"] > 0
     assert [int(w) for w in r["verify_ms"]] == [1, 2, 4, 8, 16, 32, 64]
     assert all(ms > 0 for ms in r["verify_ms"].values())
-    assert {row["kind"] for row in r["rows"]} == {"ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid"}
+    assert {row["kind"] for row in r["rows"]} == {"ngram", "suffix", "dspark", "dflash", "eagle3", "hybrid", "mtp"}
     assert {row["draft_max"] for row in r["rows"]} == {4, 16}
     for row in r["rows"]:
         assert row["ours_tokens_per_second"] > 0 and row["python_us_per_round"] > 0, row

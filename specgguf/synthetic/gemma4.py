@@ -53,11 +53,14 @@ class Gemma4Shape:
     softcap: float = 30.0
     n_merges: int = 200
     n_ctx_train: int = 4096
+    n_vocab: int = 0  # 0: the learned vocabulary alone; more: padded to this size (gemma_vocab)
 
 
-def gemma_vocab(n_merges: int, mask: bool = True) -> tuple[list[str], list[int], list[str]]:
+def gemma_vocab(n_merges: int, mask: bool = True, n_vocab: int = 0) -> tuple[list[str], list[int], list[str]]:
     """(tokens, types, merges) of a Gemma-style BPE vocabulary learned on the built-in corpus.
-    `mask=False` puts `<unused0>` (a control token, not a mask) at id 4."""
+    `mask=False` puts `<unused0>` (a control token, not a mask) at id 4. n_vocab > 0 pads it to
+    that many tokens with `<unusedN>` control tokens, as Gemma's own vocabulary carries: no merge
+    produces them, so text tokenizes as without them, but every pass pays for the real width."""
     specials = list(GEMMA_SPECIALS) if mask else GEMMA_SPECIALS[:MASK_ID] + ["<unused0>"]
     tokens = specials + [f"<0x{b:02X}>" for b in range(256)]
     types = [_TYPE_CONTROL, _TYPE_CONTROL, _TYPE_CONTROL, _TYPE_UNKNOWN, _TYPE_CONTROL] + [_TYPE_BYTE] * 256
@@ -74,12 +77,21 @@ def gemma_vocab(n_merges: int, mask: bool = True) -> tuple[list[str], list[int],
             tokens.append(t)
             types.append(_TYPE_NORMAL)
             seen.add(t)
+    if 0 < n_vocab < len(tokens):
+        raise ValueError(f"n_vocab {n_vocab} is below the {len(tokens)} tokens the corpus gives")
+    i = 0
+    while len(tokens) < n_vocab:
+        name = f"<unused{i}>"
+        i += 1
+        if name not in seen:
+            tokens.append(name)
+            types.append(_TYPE_CONTROL)
     return tokens, types, merges
 
 
-def add_gemma_tokenizer(writer, n_merges: int, mask: bool = True) -> list[int]:
+def add_gemma_tokenizer(writer, n_merges: int, mask: bool = True, n_vocab: int = 0) -> list[int]:
     """Write the tokenizer keys; returns the token types (their count is the vocabulary)."""
-    tokens, types, merges = gemma_vocab(n_merges, mask)
+    tokens, types, merges = gemma_vocab(n_merges, mask, n_vocab)
     writer.add_tokenizer_model("gemma4")
     writer.add_tokenizer_pre("gemma4")
     writer.add_token_list(tokens)
@@ -179,7 +191,7 @@ def write_gemma4(path, shape: Gemma4Shape = Gemma4Shape(), seed: int = 0, counti
     if shape.softcap:
         w.add_float32(f"{a}.final_logit_softcapping", shape.softcap)
     w.add_uint32("general.file_type", 0)
-    types = add_gemma_tokenizer(w, shape.n_merges, mask)
+    types = add_gemma_tokenizer(w, shape.n_merges, mask, shape.n_vocab)
     weights = gemma4_weights(shape, len(types), seed)
     # bf16-exact embeddings, as in the released model: a BF16 draft checkpoint then holds
     # exactly the target's values (DeepSpec drafts carry frozen copies of them)
@@ -243,7 +255,7 @@ def write_gemma4_assistant(path, target: Gemma4Shape = Gemma4Shape(), seed: int 
     w.add_array(f"{a}.attention.sliding_window_pattern", pattern)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32("general.file_type", 0)
-    types = add_gemma_tokenizer(w, target.n_merges)
+    types = add_gemma_tokenizer(w, target.n_merges, n_vocab=target.n_vocab)
     V = len(types)
     mat, norm = _initializers(seed)
     n_rot = int(target.head_dim * target.partial_rotary) // 2
