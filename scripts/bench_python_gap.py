@@ -53,19 +53,20 @@ def measure(drafter, tokens, steps: int, between) -> dict:
     ctx.seq_rm(pos)
     b.clear().add_embedding(drafter.pending_g, pos, True, token=tokens[-1])
     ctx.decode(b)
-    h, tok = ctx.embeddings_nextn_ith(0, width), tokens[-1]
+    state = ctx.embeddings_nextn_ith(0, width)  # a copy: the decode between two steps overwrites the buffer
+    h, tok = state.ctypes.data, tokens[-1]
     spent = dict.fromkeys(OPS, 0.0)
     clock = time.perf_counter
     for step in range(steps):
         between(step)
         t0 = clock()
-        b.clear().add_embedding(h, pos + 1, True, token=tok)
+        b.clear().add_embedding_at(h, width, pos + 1, True, token=tok)  # as Eagle3Drafter.draft's steps
         t1 = clock()
         logits = ctx.logits(0)
         t2 = clock()
         tok = int(logits.argmax())
         t3 = clock()
-        h = ctx.embeddings_nextn_ith(0, width, copy=False)
+        ctx.embeddings_nextn_addr(0)  # the next step would add this row
         t4 = clock()
         for op, dt in zip(OPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             spent[op] += dt

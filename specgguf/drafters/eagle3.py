@@ -90,18 +90,19 @@ class Eagle3Drafter(HiddenStateDrafter):
         out: list[int] = []
         self.last_confidence = conf = []
         scored = self.p_min > 0 or self.chooser is not None  # a top-10 softmax is a vocabulary scan
+        width = self.n_embd_dec
         while True:
             logits = ctx.logits(0)
             tok = int(logits.argmax())
             p_tok = top10_prob(logits, tok) if scored else 1.0
             if self.p_min > 0 and p_tok < self.p_min:
                 break
-            h = ctx.embeddings_nextn_ith(0, self.n_embd_dec, copy=False)  # added to the batch before the next decode
+            h = ctx.embeddings_nextn_addr(0)  # the decoder state, copied into the batch before the next decode
             out.append(tok)
             conf.append(p_tok)
             if not self.keep_drafting(conf, n_max):
                 break
-            b.clear().add_embedding(h, pos + len(out), True, token=tok)
+            b.clear().add_embedding_at(h, width, pos + len(out), True, token=tok)
             ctx.decode(b)
         if len(out) < self.n_min:
             self.last_confidence = out = []

@@ -89,11 +89,12 @@ class MTPDrafter(Drafter):
         ctx, b = self.ctx, self.batch
         out: list[int] = []
         self.last_confidence = conf = []
-        tok, h = id_last, self.pending
+        seq, width = self.seq, self.width
+        pending = np.ascontiguousarray(self.pending, dtype=np.float32)
+        tok, h = id_last, pending.ctypes.data  # the state's address: the batch copies it when added
         scored = self.p_min > 0 or self.chooser is not None  # a top-10 softmax is a vocabulary scan
         while len(out) < n_max:
-            b.clear()
-            b.add_embedding(h, pos0, output=True, token=tok, seq=self.seq)
+            b.clear().add_embedding_at(h, width, pos0, True, token=tok, seq=seq)
             ctx.decode(b)
             logits = ctx.logits(0)
             tok = int(logits.argmax())
@@ -104,7 +105,7 @@ class MTPDrafter(Drafter):
             conf.append(p_tok)
             if not self.keep_drafting(conf, n_max):
                 break
-            h = ctx.embeddings_nextn_ith(0, self.width, copy=False)  # added to the batch before the next decode
+            h = ctx.embeddings_nextn_addr(0)  # the assistant's state, copied into the batch before the next decode
         if len(out) < self.n_min:
             self.last_confidence = out = []
         return out

@@ -127,3 +127,4 @@ _batch_set_embd_token = _fast("llama_batch_ext_set_embd_token", [_VP, _I32, _Emb
 _batch_set_pos = _fast("llama_batch_ext_set_pos", [_VP, _I32, _VP], ctypes.c_bool)  # const llama_pos *
 _batch_set_output = _fast("llama_batch_ext_set_output_logits", [_VP, _I32, ctypes.c_bool], ctypes.c_bool)
 _get_logits_ith = _fast("llama_get_logits_ith", [_VP, _I32], _VP)  # an address (int), or None
+_get_logits = _fast("llama_get_logits", [_VP], _VP)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import LlamaError, UserError
 from ._bindings import (C, _batch_add_embd, _batch_add_token, _batch_set_embd_token, _batch_set_output, _batch_set_pos,
-                        _Embd, _get_logits_ith, ext)
+                        _Embd, _get_logits, _get_logits_ith, ext)
 from .refkernels import reference_cpu_kernels
 from .system import amx_verdict, default_threads, library_path
 
@@ -260,6 +260,7 @@ class Context(_Owned):
         # llama.cpp reserves one output row per sequence when it creates the context
         self.widest_outputs, self.cold = 1, False  # see _process
         self._logits_view = None  # (address, [rows, n_vocab] view) for logits_block
+        self._logits_rows = {}  # address -> the [n_vocab] view there, for logits(i)
         # runner(fn): where llama_process runs (None: the calling thread). A draft context beside
         # a parallel target runs its passes on the target's decode thread (decoding/parallel.py).
         self.runner = None
@@ -300,9 +301,14 @@ class Context(_Owned):
     def logits(self, i: int) -> np.ndarray:
         """A view of the logits of output entry `i` (valid until the next decode)."""
         addr = _get_logits_ith(self.ptr, i)
-        if not addr:
-            raise LlamaError(f"no logits for batch entry {i} (was its output flag set?)")
-        return self._view(addr, 1, self.n_vocab)[0]
+        row = self._logits_rows.get(addr)  # a sequential draft reads one row per step, mostly the same
+        if row is None:
+            if not addr:
+                raise LlamaError(f"no logits for batch entry {i} (was its output flag set?)")
+            if len(self._logits_rows) > 64:
+                self._logits_rows.clear()
+            row = self._logits_rows[addr] = self._view(addr, 1, self.n_vocab)[0]
+        return row
 
     def argmax(self, i: int) -> int:
         return int(self.logits(i).argmax())
@@ -310,14 +316,13 @@ class Context(_Owned):
     def logits_block(self, n_rows: int) -> np.ndarray:
         """A view [n_rows, n_vocab] of the logits of the last decode's first n_rows outputs, in
         batch order when every entry asked for logits (valid until the next decode)."""
-        ptr = C.llama_get_logits(self.ptr)
-        if not ptr:
+        addr = _get_logits(self.ptr)
+        if not addr:
             raise LlamaError("no logits: the last decode asked for none")
         # a view per address, widened when more rows are asked for: building one costs ~20 us
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
         view = self._logits_view
         if view is None or view[0] != addr or len(view[1]) < n_rows:
-            view = self._logits_view = (addr, np.ctypeslib.as_array(ptr, shape=(int(n_rows), self.n_vocab)))
+            view = self._logits_view = (addr, self._view(addr, n_rows, self.n_vocab))
         return view[1][:n_rows]
 
     def synchronize(self) -> None:
@@ -420,11 +425,17 @@ class Context(_Owned):
 
     def embeddings_nextn_ith(self, i: int, width: int, copy: bool = True) -> np.ndarray:
         """copy=False: a view, valid until the next decode."""
-        ptr = ext.get_embeddings_nextn_ith(self.ptr, i)
-        if not ptr:
-            raise LlamaError(f"no nextn embedding for batch entry {i}")
-        row = self._view(ptr, 1, width)[0]
+        row = self._view(self.embeddings_nextn_addr(i), 1, width)[0]
         return row.copy() if copy else row
+
+    def embeddings_nextn_addr(self, i: int) -> int:
+        """The address of output entry i's nextn row in llama.cpp's buffer (valid until the next
+        decode), for Batch.add_embedding_at: a sequential draft step hands its state to the next
+        step's batch without a numpy object in between."""
+        addr = ext.get_embeddings_nextn_ith(self.ptr, i)
+        if not addr:
+            raise LlamaError(f"no nextn embedding for batch entry {i}")
+        return addr
 
     def embeddings_nextn(self, n_rows: int, width: int, copy: bool = True) -> np.ndarray:
         """copy=False: a view, valid until the next decode."""
@@ -507,6 +518,14 @@ class Batch(_Owned):
         """Add an entry of sequence `seq` carrying an embedding row (and optionally a token id as well)."""
         row = np.ascontiguousarray(row, dtype=np.float32)
         return self._add_embd(row.ctypes.data, row.size, pos, output, token, seq)
+
+    def add_embedding_at(self, addr: int, width: int, pos: int, output: bool = False, token: int | None = None,
+                         seq: int = 0) -> int:
+        """add_embedding for a float32 row of `width` given by its address (a row of llama.cpp's
+        own buffers: Context.embeddings_nextn_addr). The batch copies the row now. A sequential
+        draft step makes one entry per token; after the draft's pass a numpy object costs it
+        tens of us on a cold cache (docs/loop.md §8)."""
+        return self._add_embd(addr, width, pos, output, token, seq)
 
     def add_embeddings(self, rows: np.ndarray, pos0: int, output: bool = False, tokens=None) -> None:
         """One entry per row of `rows` at positions pos0, pos0 + 1, ... (with tokens[j] as
