@@ -68,14 +68,17 @@ class DFlashDrafter(HiddenStateDrafter):
             n_ok = next((i for i in range(first, n_block) if conf[i] < self.p_min), n_block)
         else:
             n_ok = n_block
-        # every slot asked for logits: one view of the block, the arg-max row by row (a
-        # 152k-wide row is 0.6 MB: numpy scans rows one by one faster than as one 2-D call)
+        # every slot asked for logits: one view of the block, arg-maxed in one call (16 rows of
+        # 152k: ~10% faster than row by row, and no Python per row) unless each row is judged
         block = ctx.logits_block(n_block)
-        out: list[int] = []
-        for i in range(first, n_ok):
-            row = block[i]
-            tok = int(row.argmax())
-            if self.kind == "dflash" and self.p_min > 0 and top10_prob(row, tok) < self.p_min:
-                break
-            out.append(tok)
+        if self.kind == "dflash" and self.p_min > 0:
+            out: list[int] = []
+            for i in range(first, n_ok):
+                row = block[i]
+                tok = int(row.argmax())
+                if top10_prob(row, tok) < self.p_min:
+                    break
+                out.append(tok)
+        else:
+            out = block[first:n_ok].argmax(axis=1).tolist() if n_ok > first else []
         return out if len(out) >= self.n_min else []
