@@ -31,7 +31,10 @@ Measured, greedy, both sides on the same libllama:
 per fixed draft length: tokens/s of each side, their ratio, acceptance, and the Python time
 per round (time outside llama_process per round, in microseconds). --trace adds the Python
 time per round by phase (specgguf.decoding.trace: wall and thread CPU time, llama_process
-excluded) to every row, printed as a second table and saved in the JSON as `trace`.
+excluded) to every row, printed as a second table and saved in the JSON as `trace`. Last,
+scripts/probe_backend_sampling.py asks whether an arg-max in the target's graph (llama.cpp's
+backend sampling) gives the logits' tokens on this build, and what it costs
+(`backend_sampling` in the JSON).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -328,6 +332,23 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
     return rows
 
 
+def backend_sampling(tpath: Path, args, work: Path) -> dict:
+    """scripts/probe_backend_sampling.py on the target, in a child process (a llama.cpp abort
+    there costs only this entry): does an arg-max in the graph give the logits' tokens here,
+    and at what cost."""
+    out = work / "backend-sampling.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "probe_backend_sampling.py"), str(tpath),
+           "--gpu-layers", str(args.gpu_layers), "--threads", str(args.threads), "--out", str(out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after 600 s"}
+    if proc.returncode != 0 or not out.exists():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit code {proc.returncode}: {last[:300]}"}
+    return json.loads(out.read_text())
+
+
 def mtp_rows(args, result: dict, lengths, work: Path) -> list[dict]:
     """The mtp rows: Gemma 4's assistant on a gemma4 target (GEMMA4), against llama.cpp's
     --spec-type draft-mtp on the same files."""
@@ -479,6 +500,7 @@ def main() -> int:
             if kind != "mtp":
                 result["rows"] += kind_rows(args, target, tpath, tokens, kind, *table[kind], lengths, work)
         target.close()
+        result["backend_sampling"] = backend_sampling(tpath, args, work)
         if "mtp" in kinds:
             result["rows"] += mtp_rows(args, result, lengths, work)
     finally:
@@ -516,6 +538,18 @@ def _print(r: dict) -> None:
         print(f"{row['kind']:7} {row['draft_max']:>2} {row['ours_tokens_per_second']:10.1f} {cpp} {ratio:>6} "
               f"{100 * row['ours_accept']:7.0f}%/{cpp_acc}    {row['ours_drafted']:>8}/{cpp_dr:<8} "
               f"{row['python_us_per_round']:11.0f}")
+    bs = r.get("backend_sampling")
+    if bs:
+        if "error" in bs:
+            print(f"backend sampling probe failed: {bs['error']}")
+        else:
+            parts = []
+            for name, label in (("one_row", "1-row pass"), ("block", "17-row pass")):
+                x = bs[name]
+                parts.append(f"{label}: refused ({x['error']})" if "error" in x else
+                             f"{label}: ids {'equal' if x['equal'] else 'DIFFER'} ({x['mismatches']}/{x['n']} differ), "
+                             f"{x['logits_ms']:.2f} ms with numpy's arg-max vs {x['graph_ms']:.2f} in the graph")
+            print("backend sampling (greedy chain in the target's graph): " + "; ".join(parts))
     if r.get("traced"):
         _print_trace(r)
 

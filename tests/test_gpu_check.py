@@ -43,9 +43,14 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
         assert t["rounds"] > 0 and set(t["cpu"]) == set(t["wall"]) >= {"draft", "batch", "decode", "logits",
                                                                         "verify", "process", "bookkeeping"}, t
         assert all(v >= 0 for v in t["cpu"].values()), t
+    # the backend-sampling probe ran (what it found is a measurement, not judged here)
+    bs = r["backend_sampling"]
+    assert "error" not in bs, bs
+    for name in ("one_row", "block"):
+        assert "error" in bs[name] or (bs[name]["n"] > 0 and bs[name]["logits_ms"] > 0), bs
     ngram = [row for row in r["rows"] if row["kind"] == "ngram"]
     assert any(row["cpp_drafted"] > 0 for row in ngram), "C++ ngram-simple drafted nothing: unequal work"
     # the printed table carries the same numbers
     assert "ratio" in proc.stdout and "verify ms by width" in proc.stdout and "plain:" in proc.stdout
-    assert "Python us per round by phase" in proc.stdout
+    assert "Python us per round by phase" in proc.stdout and "backend sampling" in proc.stdout
     assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"

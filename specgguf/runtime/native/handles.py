@@ -210,7 +210,10 @@ class Context(_Owned):
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_ubatch: int | None = None,
                  n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
                  embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None,
-                 mtp: bool = False, reference_kernels: bool = False, n_seq_max: int = 1):
+                 mtp: bool = False, reference_kernels: bool = False, n_seq_max: int = 1,
+                 n_outputs_max_per_seq: int | None = None):
+        """n_outputs_max_per_seq: how many outputs of one sequence a pass may have when a sampler
+        runs in the graph (`sample_in_graph`; llama.cpp's default allows 1)."""
         params = C.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
@@ -224,6 +227,8 @@ class Context(_Owned):
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
+        if n_outputs_max_per_seq is not None:
+            params.n_outputs_max_per_seq = int(n_outputs_max_per_seq)
         params.swa_full = bool(swa_full)
         params.embeddings = bool(embeddings)
         if flash_attn is not None:
@@ -264,9 +269,34 @@ class Context(_Owned):
         # runner(fn): where llama_process runs (None: the calling thread). A draft context beside
         # a parallel target runs its passes on the target's decode thread (decoding/parallel.py).
         self.runner = None
+        self._samplers: list = []  # sampler chains set with sample_in_graph: freed after the context
 
     def _free(self, ptr):
         C.llama_free(ptr)
+        for chain in getattr(self, "_samplers", ()):
+            C.llama_sampler_free(chain)
+        self._samplers = []
+
+    # -- backend sampling: measured by scripts/probe_backend_sampling.py, not used by the loop
+    # (docs/loop.md §8: on the pinned build's CPU backend it is slower and its ids are not the
+    # logits' arg-max)
+    def sample_in_graph(self, seq: int = 0) -> None:
+        """Arg-max in llama.cpp's graph for sequence `seq` (a greedy chain set with
+        llama_set_sampler): after a pass, `sampled_token(i)` is each output's token and the
+        logits are no longer copied out."""
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+        if not C.llama_set_sampler(self.ptr, seq, chain):
+            C.llama_sampler_free(chain)
+            raise LlamaError(f"llama.cpp refused a sampler in the graph for sequence {seq}")
+        self._samplers.append(chain)
+
+    def sampled_token(self, i: int) -> int:
+        """The token the graph's sampler chose for output entry `i` of the last pass."""
+        tok = C.llama_get_sampled_token_ith(self.ptr, i)
+        if tok < 0:
+            raise LlamaError(f"no sampled token for batch entry {i}")
+        return int(tok)
 
     @property
     def mem(self):
