@@ -525,7 +525,9 @@ class Generation:
                     self.on_verified(ctx, ids)
                 k = len(ids) - 1
                 if drafter is not None:
-                    drafter.process(verify, pos0)
+                    # the rows the target kept: cells past them would be rolled back at once (an
+                    # eagle3 head's catch-up pass costs about as much per row as the target's)
+                    drafter.process(verify[:k + 1], pos0)
                     drafter.accept(k)
                     drafter.rollback(pos0 + k + 1)
                 if tr is not None:

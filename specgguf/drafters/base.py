@@ -8,7 +8,9 @@ Per generation and per round the engine calls (docs/loop.md):
                                       docs/loop.md §7): keep the state of the first m <= n
                                       positions, forget the rest; m = 0 is reset()
     begin(history)                    once, after the prompt is in the target
-    process(tokens, pos0)             after EVERY target decode, with the same tokens
+    process(tokens, pos0)             after EVERY target decode: a prefill chunk's tokens;
+                                      of a verify batch [id_last, d1..dn], the k + 1 rows
+                                      the target kept (id_last and the accepted drafts)
     draft(history, id_last, pos0, n, sampler=None)
                                       propose up to n tokens following id_last
     rollback(pos)                     forget draft state at positions >= pos
