@@ -161,3 +161,21 @@ def test_inspect_explains_kind_and_fit(qwen3_target, drafts):
     assert proc.returncode == 0, proc.stderr
     assert "kind 'dspark'" in proc.stdout and "sample-from-anchor" in proc.stdout
     assert "fits target" in proc.stdout
+
+
+@pytest.mark.parametrize("flash_attn", [False, True, None])
+@pytest.mark.parametrize("name", ["model", "eagle3-own", "dflash-own"])
+def test_draft_context_follows_the_targets_flash_attention(qwen3_target, qwen3_draft, drafts, name, flash_attn):
+    """A draft context asks llama.cpp for the target's flash attention setting, as llama.cpp's
+    speculative driver gives its draft the target's -fa. With the draft left at llama.cpp's auto
+    (on, on the CPU) beside a target run without it, a near-tie in the draft's logits broke
+    round-for-round parity with llama-speculative-simple on an AVX2-only CPU."""
+    path = qwen3_draft if name == "model" else drafts[name]
+    with Target(qwen3_target, flash_attn=flash_attn) as target:
+        drafter = make_drafter(str(path), target, draft_max=4)
+        try:
+            assert target.ctx.flash_attn == (None if flash_attn is None else int(flash_attn))
+            assert drafter.ctx.flash_attn == target.ctx.flash_attn
+            assert len(_generate(target, drafter, PROMPTS[0], n=8).tokens) == 8
+        finally:
+            drafter.close()

@@ -40,7 +40,8 @@ class SharedDraft:
         try:
             n = target.n_parallel
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx * n, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx, n_seq_max=n)
+                                      n_threads=n_threads, ctx_other=target.ctx, n_seq_max=n,
+                                      flash_attn=target.ctx.flash_attn)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.model.close()
@@ -87,7 +88,7 @@ class ModelDrafter(Drafter):
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)
         try:
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx)
+                                      n_threads=n_threads, ctx_other=target.ctx, flash_attn=target.ctx.flash_attn)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()

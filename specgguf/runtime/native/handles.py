@@ -252,6 +252,9 @@ class Context(_Owned):
                              f"(n_ctx={n_ctx}); try a smaller --ctx, or --verbose to see why")
         self._ptr = ptr
         self.model, self.other = model, ctx_other  # parents outlive the context
+        # as asked (None: llama.cpp's auto): a draft context beside this one asks the same, as
+        # llama.cpp's speculative driver gives the draft the target's -fa
+        self.flash_attn = flash_attn
         self._adopt_by(model)
         if ctx_other is not None:
             self._adopt_by(ctx_other)  # a draft context reads the target's: freed before it
