@@ -79,8 +79,9 @@ def model_options(f):
                      help="llama.cpp RPC servers (ggml-rpc-server) that hold the --gpu-layers target layers "
                           "(a build with RPC: specgguf build-llama --rpc)."),
         click.option("--flash-attn", type=click.Choice(["off", "on", "auto"]), default=None,
-                     help="Flash attention for the target [default: off, as in llama_cpp.Llama: on the CPU its "
-                          "single-token decode splits long contexts (>= 512 cells) another way than a verify batch, "
+                     help="Flash attention for the target and its draft [default: off, as in llama_cpp.Llama: on "
+                          "the CPU its single-token decode splits long contexts (>= 512 cells) another way than a "
+                          "verify batch, "
                           "so greedy drafting would answer differently from plain decoding; on in "
                           "--batch-invariant] (docs/machines.md)."),
         click.option("--batch-invariant", is_flag=True,
