@@ -259,8 +259,11 @@ LOG = "\n".join(f"{i:02d}:00 sensor {i % 7} reported {i * 13 % 97} units" for i 
 
 def test_server_three_turn_chat_reads_only_new_tokens(chat_model_path):
     """The real openai client sends the whole conversation every turn (as every app does):
-    turns 2 and 3 find all of the earlier turns in the cache, and a request for another
-    conversation afterwards still answers exactly as a fresh server would."""
+    turns 2 and 3 find all of the earlier turns in the cache, and every answer is the target's
+    own greedy answer, or parts from it only where the target's top two tokens are a near-tie
+    (within 1.5 nats): on a quantised target a verify batch, and cells written by another
+    batch shape, move the logits slightly (README, "Same output"); which near-ties flip depends
+    on the CPU's kernels (seen on an AVX2-only EPYC, not on AVX-512 machines)."""
     import openai
 
     from serverproc import start_server
@@ -272,10 +275,11 @@ def test_server_three_turn_chat_reads_only_new_tokens(chat_model_path):
         messages, usages, answers = [system], [], []
         for q in questions:
             messages.append({"role": "user", "content": q})
-            r = c.chat.completions.create(model="gpt-4o-mini", messages=messages, max_tokens=24, temperature=0)
+            r = c.chat.completions.create(model="gpt-4o-mini", messages=messages, max_tokens=24, temperature=0,
+                                          logprobs=True)
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
             usages.append(r.usage)
-            answers.append(r.choices[0].message.content)
+            answers.append([t.token for t in r.choices[0].logprobs.content])
     assert usages[0].prompt_tokens > 1500
     assert usages[0].prompt_tokens_details.cached_tokens == 0
     for before, now in zip(usages, usages[1:]):
@@ -286,8 +290,17 @@ def test_server_three_turn_chat_reads_only_new_tokens(chat_model_path):
         for i, q in enumerate(questions):
             conv = messages[:1 + 2 * i] + [{"role": "user", "content": q}]
             fresh.reset()
-            want = fresh.create_chat_completion(conv, max_tokens=24)["choices"][0]["message"]["content"]
-            assert answers[i] == want
+            out = fresh.create_chat_completion(conv, max_tokens=24, logprobs=True, top_logprobs=2)
+            want = out["choices"][0]["logprobs"]["content"]
+            got = answers[i]
+            j = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b["token"]), min(len(got), len(want)))
+            if got == [w["token"] for w in want]:
+                continue
+            assert j < len(want), ("the target ended where the server's answer went on", got, want)
+            top = want[j]["top_logprobs"]  # the target's own two best tokens where the answers part
+            assert top[0]["logprob"] - top[1]["logprob"] <= 1.5, (i, j, got, want[j])
+            if j < len(got):  # (else the server's answer ended there: its end token was the runner-up)
+                assert got[j] == top[1]["token"], (i, j, got, want[j])
 
 
 def test_chat_turn_two_reads_only_its_new_tokens(chat_model_path):
