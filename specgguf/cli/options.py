@@ -81,8 +81,7 @@ def model_options(f):
         click.option("--flash-attn", type=click.Choice(["off", "on", "auto"]), default=None,
                      help="Flash attention for the target and its draft [default: off, as in llama_cpp.Llama: on "
                           "the CPU its single-token decode splits long contexts (>= 512 cells) another way than a "
-                          "verify batch, "
-                          "so greedy drafting would answer differently from plain decoding; on in "
+                          "verify batch, so greedy drafting would answer differently from plain decoding; on in "
                           "--batch-invariant] (docs/machines.md)."),
         click.option("--batch-invariant", is_flag=True,
                      help="Verify batches that compute one-token decoding's logits bit for bit: greedy output is "

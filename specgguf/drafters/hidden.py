@@ -29,7 +29,7 @@ class HiddenStateDrafter(Drafter):
             # a slot's SeqContext lends the shared native context (the target's weights)
             other = getattr(target.ctx, "native", target.ctx)
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=other, flash_attn=other.flash_attn)
+                                      n_threads=n_threads, ctx_other=other)
             if shared is not None:
                 self.ctx.runner = target.pool.shared.run
             self.batch = native.Batch(self.ctx)

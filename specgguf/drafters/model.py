@@ -40,8 +40,7 @@ class SharedDraft:
         try:
             n = target.n_parallel
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx * n, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx, n_seq_max=n,
-                                      flash_attn=target.ctx.flash_attn)
+                                      n_threads=n_threads, ctx_other=target.ctx, n_seq_max=n)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.model.close()
@@ -88,7 +87,7 @@ class ModelDrafter(Drafter):
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers)
         try:
             self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                      n_threads=n_threads, ctx_other=target.ctx, flash_attn=target.ctx.flash_attn)
+                                      n_threads=n_threads, ctx_other=target.ctx)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()

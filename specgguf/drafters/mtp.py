@@ -39,13 +39,12 @@ class MTPDrafter(Drafter):
         try:
             if shared is None:
                 self.ctx = native.Context(self.model, n_ctx=target.n_ctx, n_batch=target.ctx.n_batch,
-                                          n_threads=n_threads, ctx_other=target.ctx, mtp=True,
-                                          flash_attn=target.ctx.flash_attn)
+                                          n_threads=n_threads, ctx_other=target.ctx, mtp=True)
             else:
                 other = target.ctx.native
                 self.ctx = native.Context(self.model, n_ctx=other.n_ctx, n_batch=target.ctx.n_batch,
                                           n_threads=n_threads, ctx_other=other, mtp=True,
-                                          n_seq_max=target.parent.n_parallel, flash_attn=other.flash_attn)
+                                          n_seq_max=target.parent.n_parallel)
                 self.ctx.runner = target.pool.shared.run
             self.batch = native.Batch(self.ctx)
         except BaseException:

@@ -213,7 +213,12 @@ class Context(_Owned):
                  mtp: bool = False, reference_kernels: bool = False, n_seq_max: int = 1,
                  n_outputs_max_per_seq: int | None = None):
         """n_outputs_max_per_seq: how many outputs of one sequence a pass may have when a sampler
-        runs in the graph (`sample_in_graph`; llama.cpp's default allows 1)."""
+        runs in the graph (`sample_in_graph`; llama.cpp's default allows 1).
+        flash_attn: 0 off, 1 on, None llama.cpp's auto; a draft context (ctx_other given) left at
+        None takes ctx_other's setting, as llama.cpp's speculative driver gives its draft the
+        target's -fa (docs/loop.md §6.4)."""
+        if flash_attn is None and ctx_other is not None:
+            flash_attn = ctx_other.flash_attn
         params = C.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
@@ -252,9 +257,7 @@ class Context(_Owned):
                              f"(n_ctx={n_ctx}); try a smaller --ctx, or --verbose to see why")
         self._ptr = ptr
         self.model, self.other = model, ctx_other  # parents outlive the context
-        # as asked (None: llama.cpp's auto): a draft context beside this one asks the same, as
-        # llama.cpp's speculative driver gives the draft the target's -fa
-        self.flash_attn = flash_attn
+        self.flash_attn = flash_attn  # as asked (None: auto): a draft context beside this one takes it
         self._adopt_by(model)
         if ctx_other is not None:
             self._adopt_by(ctx_other)  # a draft context reads the target's: freed before it
