@@ -10,13 +10,17 @@ once; they are context managers too. Return codes become `LlamaError`s. llama.cp
 silenced unless `set_verbose(True)` is called.
 
 Modules, by job: `_bindings` (the C functions: llama-cpp-python's `C`, our `ext`, fast private
-function objects, the log), `handles` (Model, Context, Batch, Grammar), `system` (threads,
+function objects, the log), one module per handle (`owned`: their base; `model`, `context`,
+`batch`, `grammar`), `system` (threads,
 quantisation, the build's facts, AMX, RPC and GPU devices), `refkernels` (the batch-invariant
 mode's switch to ggml's reference CPU kernels). Callers import this package only.
 """
 
 from ._bindings import LLAMA_CPP_PYTHON_VERSION, C, ext, set_verbose
-from .handles import Batch, Context, Grammar, Model
+from .batch import Batch
+from .context import Context
+from .grammar import Grammar
+from .model import Model
 from .refkernels import reference_cpu_kernels, reference_kernels_state
 from .system import (FTYPES, amx_verdict, default_threads, devices, guard_llama_cpp_python, library_path,
                      local_gpu_devices, quantize, rpc_devices, supports_rpc, system_info)
