@@ -44,13 +44,9 @@ def is_checkpoint(files: list[str]) -> bool:
 
 
 def resolve_draft(spec, target_path, *, offline: bool | None = None, cache_dir=None, quiet: bool = False):
-    """runtime.hub.resolve_draft, plus checkpoint repos converted against `target_path` (or
-    found converted in the specgguf cache). Returns the spec with a local GGUF path in it."""
-    if not isinstance(spec, str) or spec in ("ngram", "suffix"):
-        return spec
-    if spec.startswith("suffix+") and not os.path.exists(spec):
-        return "suffix+" + os.fspath(resolve_draft(spec[len("suffix+"):], target_path, offline=offline,
-                                                   cache_dir=cache_dir, quiet=quiet))
+    """A draft model's reference (a DraftSpec's `model`: a path, a GGUF's Hub id, or a
+    checkpoint repo's, which is converted against `target_path` once, or found converted in the
+    specgguf cache) as a local GGUF path."""
     ref = hub.parse(spec)
     if ref is None or ref.quant is not None or ref.filename is not None:
         return hub.resolve_draft(spec, offline=offline, cache_dir=cache_dir)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: concurrent chat clients against `specgguf serve --parallel N` and against the
-one-at-a-time server (--parallel 1), on one machine (issue 28; decoding/parallel.py).
+one-at-a-time server (--parallel 1), on one machine (issue 28; decoding/sharedctx.py, decoding/slots.py).
 
 Each of C clients (C in --clients, default 1,2,4,8) sends --requests chat requests one after
 another (greedy, up to --max-tokens tokens; the instruct requests of scripts/bench_prompts.py,

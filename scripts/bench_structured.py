@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from specgguf.api import SpecGGUF
-from specgguf.openai.constraints import json_grammar, schema_grammar
+from specgguf.request.constraints import json_grammar, schema_grammar
 from specgguf.drafters import make_drafter
 from specgguf.decoding.engine import Engine
 

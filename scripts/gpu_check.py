@@ -261,8 +261,7 @@ def run_ours(target, drafter, n: int, tokens, max_tokens: int, trace: bool = Fal
     the clocks' reads (a few us a round), so timed rows run without it."""
     tr = round_trace.RoundTrace() if trace else None
     with DecodeTimer() as timer:
-        gen = Engine(target, drafter, n).generate(tokens, max_tokens)
-        gen.trace = tr
+        gen = Engine(target, drafter, n).generate(tokens, max_tokens, trace=tr)
         if tr is None:
             for _ in gen:
                 pass

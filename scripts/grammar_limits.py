@@ -36,7 +36,7 @@ def work():
         from llama_cpp.llama_grammar import json_schema_to_gbnf
         gbnf = json_schema_to_gbnf(json.dumps({"type": "string", "maxLength": n}))
     elif kind == "chain":  # specgguf's converter: maxLength as a flat chain of rules
-        from specgguf.openai.constraints import converter
+        from specgguf.request.constraints import converter
         conv = converter()
         conv.visit({"type": "string", "maxLength": n}, "")
         gbnf = conv.format_grammar()

@@ -1,30 +1,32 @@
-"""`SpecGGUF`: a target, an optional drafter and the loop, behind one object.
+"""`SpecGGUF`: a target, an optional drafter and the loop, behind one object: the face.
 
-Three layers, thinnest on top: `generate()`/`stream()` for plain Python use;
-`create_completion()`/`create_chat_completion()` with the dict shapes of llama_cpp.Llama (so an
-app can swap it in); and `prepare()`/`response_chunks()`, the request-level pieces that the
-HTTP server drives from its worker thread.
+The loader (loading/) builds what runs; this module only faces it. Three layers, thinnest on
+top: `generate()`/`stream()` for plain Python use; `create_completion()`/
+`create_chat_completion()` with the dict shapes of llama_cpp.Llama (so an app can swap it in);
+and `prepare()`/`response_chunks()`, the request-level pieces (request/prepare.py,
+request/completions.py) that the HTTP server drives from its worker thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
-from .openai import constraints, llamaargs, params, responses
-from .runtime import hub, native
-from .openai.chat import ChatFormat
-from .drafters import make_drafter
+from . import loading
 from .decoding.engine import Engine
-from .errors import UserError
+from .decoding.promptcache import PromptCache, SavedState
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
-from .runtime.target import Target
-from .decoding.textstream import TextStream
-from .openai.tools import ToolSet
-
-MAX_PARALLEL = 64  # sequences per context: our bound (each holds n_ctx cells of its own; llama.cpp allows more)
+from .decoding.textstream import StopStrings, TextStream
+from .drafters import DraftSpec
+from .errors import UserError
+from .loading import MAX_PARALLEL, options as llamaargs  # noqa: F401  (MAX_PARALLEL: part of the API)
+from .request import completions, constraints, params
+from .request import prepare as preparing
+from .request.chat import ChatFormat
+from .request.prepare import Request
+from .request.tools import ToolSet
+from .runtime import hub, native
 
 
 @dataclass
@@ -52,26 +54,6 @@ class Chunk:
     stats: GenerationStats | None = field(default=None, repr=False)
 
 
-@dataclass
-class Request:
-    """A checked request, ready to run: prompt tokens, token budget, stop strings, sampling."""
-
-    tokens: list[int]
-    max_tokens: int
-    stop: list[str]
-    sampling: dict
-    chat: bool
-    stream: bool = False
-    model: str | None = None
-    n: int = 1  # choices, run one after another
-    echo: bool = False  # completions: the prompt's text leads the returned text
-    logprobs: int | None = None  # None: no logprobs; k: the target's logprobs with the top k
-    include_usage: bool = False  # stream_options.include_usage: a separate final usage chunk
-    prompt_text: str = ""  # completions: the prompt as text (echo, logprobs' text_offset)
-    grammar: str | None = None  # GBNF the output follows (grammar, response_format, a forced tool call)
-    tools: ToolSet | None = None  # chat: the request's tools, whose calls are parsed from the output
-
-
 class SpecGGUF:
     """Speculative generation with a GGUF target and an optional draft.
 
@@ -97,7 +79,7 @@ class SpecGGUF:
         n_threads_batch, n_gpu_layers, n_batch, flash_attn, seed, verbose, last_n_tokens_size), accepted at
         Llama's default value where SpecGGUF runs llama.cpp's default (use_mmap=True, ...), and
         refused otherwise (ValueError naming the argument; TypeError for unknown names).
-        See specgguf/openai/llamaargs.py for the list.
+        See specgguf/loading/options.py for the list.
         rpc_servers: 'HOST:PORT[,HOST:PORT...]' of llama.cpp RPC servers (`ggml-rpc-server`) that
         hold the n_gpu_layers offloaded target layers; needs a GGML_RPC build (README: Scale-out).
         prompt_cache_bytes: the prompt cache beyond the live context: up to this many bytes of
@@ -114,12 +96,12 @@ class SpecGGUF:
         weights, and no verify batch wider than the width measured on this target at load (once
         per model, a few seconds; cached). CPU only; it costs speed (README).
         n_parallel: generations that run at once, from any threads, in one context (one target
-        pass per round for all of them: decoding/parallel.py), each with n_ctx tokens of its own
+        pass per round for all of them: decoding/sharedctx.py, decoding/slots.py), each with n_ctx tokens of its own
         and its own prompt cache; more wait for a free slot. Every draft kind: a draft model is
         loaded once for all slots (a plain one drafts in one context for all of them, and drafts
         asked for at once share a pass; eagle3, dflash, dspark and mtp keep a context per
         slot)."""
-        self.drafter = self.target = None
+        self._loaded = self.drafter = self.target = self.engine = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
                                                   last_n_tokens_size, logits_all, flash_attn)
@@ -129,55 +111,32 @@ class SpecGGUF:
         llamaargs.flag("deterministic", deterministic)
         llamaargs.flag("batch_invariant", batch_invariant)
         llamaargs.whole("n_parallel", n_parallel, 1)
-        if n_parallel > MAX_PARALLEL:
-            raise params.RequestError(f"n_parallel must be at most {MAX_PARALLEL} (got {n_parallel})",
-                                      param="n_parallel")
-        if n_parallel > 1 and batch_invariant:
-            raise params.RequestError("n_parallel > 1 and batch_invariant cannot be combined yet: a batch of several "
-                                      "sequences is not measured invariant; use one of them", param="n_parallel")
-        if draft is None and draft_kind == "ngram":
-            draft = "ngram"
         native.set_verbose(verbose)
-        if target is None:
-            from .runtime.defaults import default_target
-
-            target = default_target()
         try:
-            target = hub.resolve(target, what="target")
-            self.target = Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                 rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant,
-                                 n_parallel=n_parallel)
+            spec = DraftSpec.parse(draft, draft_kind)  # the one parse of the draft argument
+            self._loaded = loading.load(target, spec, draft_max=draft_max, n_ctx=n_ctx, n_threads=n_threads,
+                                        n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_batch=n_batch,
+                                        rpc_servers=rpc_servers, flash_attn=flash_attn,
+                                        batch_invariant=batch_invariant, n_parallel=n_parallel,
+                                        draft_p_min=draft_p_min,
+                                        deterministic=deterministic or self._seed is not None)
         except UserError as exc:  # a bad argument or file: a ValueError, as Llama raises
             raise llamaargs.as_value_error(exc) from None
-        try:
-            if n_threads_batch is not None:
-                self.target.ctx.set_threads(self.target.n_threads, n_threads_batch)
-            deterministic = deterministic or self._seed is not None
-            if draft is not None:
-                from .converters.hubdraft import resolve_draft  # a checkpoint repo: converted once, cached
-
-                draft = str(resolve_draft(draft, target))
-            if n_parallel > 1:
-                self._pool = self._slot_pool(draft, draft_kind, draft_max, n_threads, draft_p_min, deterministic)
-                self.engine = self._pool.engines[0]
-                self.drafter = self.engine.drafter
-            else:
-                if draft is not None:
-                    self.drafter = make_drafter(draft, self.target, kind=draft_kind, draft_max=draft_max,
-                                                n_threads=n_threads, p_min=draft_p_min)  # block drafts need the length
-                self.engine = Engine(self.target, self.drafter, draft_max, deterministic=deterministic)
-        except BaseException as exc:
-            self.close()
-            if isinstance(exc, UserError):
-                raise llamaargs.as_value_error(exc) from None
-            raise
+        loaded = self._loaded
+        self.target, self.drafter, self.engine, self._pool = loaded.target, loaded.drafter, loaded.engine, loaded.pool
+        self.draft_spec: DraftSpec | None = loaded.draft
         self.set_cache_bytes(prompt_cache_bytes)
         self.verbose, self.penalty_last_n = verbose, last_n_tokens_size
-        self.model_name = Path(str(target)).stem
+        self.model_name = loading.model_name(loaded)
         self._chat_format: ChatFormat | None = None
         self._plain: Engine | None = None
 
-    _pool = None  # decoding.parallel.SlotPool when n_parallel > 1
+    @property
+    def seed(self) -> int | None:
+        """The constructor's seed: the default of every sampled request (None: a fresh one each)."""
+        return self._seed
+
+    _pool = None  # decoding.slots.SlotPool when n_parallel > 1
 
     @property
     def n_parallel(self) -> int:
@@ -193,24 +152,6 @@ class SpecGGUF:
         return {"slots": pool.n, "slots_busy": pool.busy(), "batch_width": pool.shared.last_width,
                 "passes": pool.shared.passes}
 
-    def _slot_pool(self, draft, draft_kind, draft_max, n_threads, p_min, deterministic):
-        """n_parallel slots, each with its own drafter and engine."""
-        from .decoding.parallel import SlotPool
-        from .drafters import open_shared_draft
-
-        shared = []  # a draft model's SharedDraft: one model and context for all the slots
-
-        def make_engine(slot):
-            if draft is None:
-                return Engine(slot, None, draft_max, deterministic=deterministic)
-            if not shared:
-                shared.append(open_shared_draft(draft, slot, draft_kind, n_threads))
-            drafter = make_drafter(draft, slot, kind=draft_kind, draft_max=draft_max, n_threads=n_threads,
-                                   p_min=p_min, shared_draft=shared[0])
-            return Engine(slot, drafter, draft_max, deterministic=deterministic)
-
-        return SlotPool(self.target, make_engine)
-
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft: str | None = None,
                         additional_files: list[str] | None = None, local_dir=None, cache_dir=None,
@@ -224,9 +165,11 @@ class SpecGGUF:
         fails). Other keywords go to SpecGGUF()."""
         path = hub.from_pretrained(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
                                    cache_dir=cache_dir)
-        from .converters.hubdraft import resolve_draft
-
-        return cls(path, draft=resolve_draft(draft, path, cache_dir=cache_dir), **kwargs)
+        try:
+            spec = loading.resolve_draft(DraftSpec.parse(draft, kwargs.get("draft_kind")), path, cache_dir=cache_dir)
+        except UserError as exc:
+            raise llamaargs.as_value_error(exc) from None
+        return cls(path, draft=spec, **kwargs)
 
     # -- llama_cpp.Llama's model methods -----------------------------------------------------
     def n_ctx(self) -> int:
@@ -278,26 +221,15 @@ class SpecGGUF:
             return
         self.target.acquire(self)  # waits for another thread's generation; refuses an unfinished one
         try:
-            self.target.ctx.clear()
-            self.target.kept = None
-            if self.drafter is not None:
-                self.drafter.kept = None
+            PromptCache.of(self.target).clear()
         finally:
             self.target.release()
 
     # -- the prompt cache (decoding/promptcache.py) -----------------------------------------
     def set_cache_bytes(self, capacity_bytes: int) -> None:
         """Keep up to `capacity_bytes` of saved cache states beyond the live context (0: none)."""
-        from .decoding.promptcache import StateCache
-
         self._check_open()
-        capacity_bytes = llamaargs.whole("capacity_bytes", capacity_bytes, 0)
-        cache = StateCache(capacity_bytes) if capacity_bytes else None
-        if self._pool is not None:  # one cache for all slots: a state saved by one loads into any
-            for slot in self._pool.slots:
-                slot.saved_states = cache
-            return
-        self.target.saved_states = cache
+        self._loaded.set_saved_states(llamaargs.whole("capacity_bytes", capacity_bytes, 0))
 
     def set_cache(self, cache) -> None:
         """llama_cpp.Llama.set_cache: a `llama_cpp.LlamaRAMCache` (its capacity_bytes is used) or
@@ -315,45 +247,27 @@ class SpecGGUF:
     def save_state(self):
         """The caches' state after the last generation (a `promptcache.SavedState`), for
         `load_state`; as llama_cpp.Llama.save_state."""
-        from .decoding.promptcache import SavedState
-
         self._check_open()
         self._one_sequence("save_state")
-        target, drafter = self.target, self.drafter
+        target = self.target
         target.acquire(self)
         try:
-            tokens = target.kept or []
-            draft = drafter.save() if drafter is not None and drafter.kept == tokens else None
-            return SavedState(tuple(tokens), target.ctx.state_bytes() if tokens else b"", drafter, draft)
+            return PromptCache.of(target).snapshot(self.drafter)
         finally:
             target.release()
 
     def load_state(self, state) -> None:
         """Put back a state from `save_state` of this instance; the next prompt that shares its
         tokens reads only the rest."""
-        from .decoding.promptcache import SavedState
-
         self._check_open()
         if not isinstance(state, SavedState):
             raise params.RequestError(f"load_state takes a state from SpecGGUF.save_state (got {type(state).__name__})",
                                       param="state", code="invalid_type")
         self._one_sequence("load_state")
-        target, drafter = self.target, self.drafter
+        target = self.target
         target.acquire(self)
         try:
-            target.kept = None
-            if drafter is not None:
-                drafter.kept = None
-            if not state.tokens:
-                target.ctx.clear()
-                return
-            target.ctx.load_state_bytes(state.target)
-            target.kept = list(state.tokens)
-            if drafter is not None:
-                if state.drafter is drafter and state.draft is not None and drafter.restore(state.draft):
-                    drafter.kept = list(state.tokens)
-                else:
-                    drafter.reset()
+            PromptCache.of(target).load(state, self.drafter)
         finally:
             target.release()
 
@@ -384,52 +298,20 @@ class SpecGGUF:
         return self._chat_format
 
     def chat_prompt(self, messages: list[dict], tools: ToolSet | None = None) -> list[int]:
-        """Render `messages` (and `tools`, see tools.py) with the chat format and tokenize it (no double BOS)."""
+        """Render `messages` (and `tools`, see request/tools.py) with the chat format and tokenize
+        it (no double BOS)."""
         self._check_open()
-        fmt = self.chat_format
-        try:
-            if tools is None:
-                text = fmt.render(messages)
-            else:
-                text = fmt.render(tools.messages(messages), tools.tools if tools.in_template else None)
-        except ValueError as exc:  # the template's own raise_exception(), or a malformed message
-            raise params.RequestError(f"the chat template refused the messages: {exc}", param="messages") from None
-        bos_in_text = bool(fmt.bos_text) and text.startswith(fmt.bos_text)
-        self._refuse_past_context(text, "messages")
-        return self.target.tokenize(text, add_special=not bos_in_text)
-
-    _max_piece = None
-
-    def _refuse_past_context(self, text: str, param: str) -> None:
-        """Refuse, before tokenizing it, a text that cannot fit the context even if every token
-        were twice the vocabulary's longest piece: 16 MB takes seconds to tokenize, for nothing."""
-        n = len(text.encode("utf-8", "replace"))
-        if n <= 32 * self.n_ctx():  # the usual case: tokenize and count
-            return
-        if self._max_piece is None:  # once, on the first long text (0.9 s for 262k tokens)
-            model = self.target.model
-            self._max_piece = max(len(model.token_to_piece(t, True)) for t in range(model.n_vocab))
-        if n > 2 * self._max_piece * self.n_ctx():
-            raise params.RequestError(f"the {param} text is {n} bytes, which cannot fit the context of "
-                                      f"{self.n_ctx()} tokens (no token is longer than {self._max_piece} "
-                                      "bytes): shorten it", param=param, code="context_length_exceeded")
+        return preparing.chat_tokens(self, messages, tools)
 
     def _prompt_tokens(self, prompt) -> list[int]:
         self._check_open()
-        prompt = params.prompt_value(prompt)
-        if isinstance(prompt, str):
-            self._refuse_past_context(prompt, "prompt")
-            return self.target.tokenize(prompt)  # special-token text read as tokens, as Llama's prompts
-        n_vocab = self.target.model.n_vocab
-        if any(t < 0 or t >= n_vocab for t in prompt):
-            raise params.RequestError(f"'prompt' holds token ids outside the vocabulary [0, {n_vocab})",
-                                      param="prompt", code="invalid_value")
-        return list(prompt)
+        return preparing.prompt_tokens(self, prompt)
 
     # -- generation ------------------------------------------------------------------------
     def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None,
                       sampling: "dict | SamplingParams | None" = None, speculate: bool = True,
-                      cancelled: Callable[[], bool] | None = None, grammar: str | None = None):
+                      cancelled: Callable[[], bool] | None = None, grammar: str | None = None,
+                      on_verified=None, trace=None):
         """(generation, text chunks iterator) for already tokenized input: the one way every
         front end (CLI, chat, profile, server) runs a generation.
 
@@ -438,19 +320,24 @@ class SpecGGUF:
         fair baseline. cancelled: asked between prefill chunks and rounds (from the iterating
         thread); when it says yes the generation ends with finish_reason "cancelled".
         grammar: GBNF text the output must follow (constraints.py), or None.
+        on_verified(ctx, ids): called once a round with the committed ids (request/logprobs.py);
+        trace: a decoding.trace.RoundTrace that times every round's phases.
         """
         self._check_open()
         stop = params.stop_strings(stop)  # checked once, here: every front end passes through
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
+        stops = StopStrings(self.target.model, stop)
+        hooks = dict(on_verified=on_verified, draft_limit=stops.draft_limit, trace=trace)
         if self._pool is not None:  # the free slot whose cache holds most of the prompt
             engines = self._pool.engines if speculate else \
                 self._pool.plain_engines(lambda slot: Engine(slot, None, 1))
             gen = engines[0].generate_on(engines, self._pool, prompt_tokens, max_tokens, sampling=sp,
-                                         cancelled=cancelled, grammar=grammar)
+                                         cancelled=cancelled, grammar=grammar, **hooks)
         else:
             engine = self.engine if speculate else self._plain_engine()
-            gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar)
-        return gen, TextStream(gen, self.target.model, stop)
+            gen = engine.generate(prompt_tokens, max_tokens, sampling=sp, cancelled=cancelled, grammar=grammar,
+                                  **hooks)
+        return gen, TextStream(gen, stops)
 
     def _plain_engine(self) -> Engine:
         if self._plain is None:
@@ -502,36 +389,12 @@ class SpecGGUF:
                       repeats: int = 2):
         """Run the real loop at fixed draft lengths (and plainly) on `prompt_tokens`; return the
         measured `tuning.Costs`, which also land in the profile cache that `auto` starts from."""
-        from .decoding.profiling import ProfileStore
+        from .decoding.measure import measure_costs
 
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise params.RequestError(f"tokens must be a whole number >= 1 (got {tokens!r})", param="tokens")
         self._check_open()
-        target, drafter = self.target, self.drafter
-        spec = None if drafter is None else drafter.profile_id
-        store = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
-                             drafter is not None and drafter.block, rpc_servers=target.rpc_servers,
-                             kernels=target.kernels)
-        costs = store.costs_for(0)
-        costs.verify.clear()
-        costs.draft_round = costs.draft_step = None
-        costs.smoothing = 0.5
-        runs = [(None, 1)] + [(drafter, n) for n in lengths if drafter is not None]
-        for _ in range(repeats):
-            for d, n in runs:
-                gen = Engine(target, d, n).generate(prompt_tokens, tokens)
-                for _tok in gen:
-                    pass
-                # per round: the engine's own timings, as `auto` sees them
-                rounds = gen.stats.rounds_detail
-                if not rounds:
-                    continue
-                width = round(sum(r[0] for r in rounds) / len(rounds))
-                costs.observe_verify(width, gen.stats.verify_s / len(rounds))
-                if d is not None:
-                    costs.observe_draft(max(width, 1), gen.stats.draft_s / len(rounds))
-        store.save()
-        return costs
+        return measure_costs(self.target, self.drafter, prompt_tokens, lengths, tokens, repeats)
 
     # -- llama_cpp.Llama-compatible --------------------------------------------------------
     def prepare(self, body: dict, chat: bool) -> Request:
@@ -539,57 +402,8 @@ class SpecGGUF:
 
         Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
         """
-        params.refuse_unsupported(body)
-        sampling = params.sampling_fields(body)
-        if "seed" not in sampling and self._seed is not None:
-            sampling["seed"] = self._seed  # the constructor's seed, as Llama(seed=...)
-        if self.penalty_last_n != 64:
-            sampling["penalty_last_n"] = self.penalty_last_n  # Llama's last_n_tokens_size
-        bias = params.logit_bias_value(body.get("logit_bias"), self.n_vocab())
-        if bias:
-            sampling["logit_bias"] = bias
-        params.sampling_params(sampling)  # refuse what SamplingParams refuses, before queueing
-        stream = params.flag(body, "stream")
-        extras = params.choice_options(body, chat, stream)
-        grammar, toolset = self._structure(body, chat)
-        if chat:
-            tokens = self.chat_prompt(params.messages_value(body.get("messages")), toolset)
-            stop = params.stop_strings(body.get("stop"), self.chat_format.stop)
-            wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)
-        else:
-            tokens = self._prompt_tokens(body.get("prompt"))
-            stop = params.stop_strings(body.get("stop"))
-            # absent: OpenAI's default of 16; null (or None from Python): the rest of the context
-            wanted = params.max_tokens(body.get("max_tokens"), None if "max_tokens" in body else 16)
-        budget = params.fit_context(len(tokens), wanted, self.n_ctx())
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise params.RequestError("'model' must be a string", param="model", code="invalid_type")
-        prompt_text = ""
-        if not chat:
-            prompt = params.prompt_value(body.get("prompt"))
-            prompt_text = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")
-        return Request(tokens, budget, stop, sampling, chat, stream, model, prompt_text=prompt_text, grammar=grammar,
-                       tools=toolset, **extras)
-
-    def _structure(self, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:
-        """The request's grammar (grammar, response_format or a forced tool call) and its tools."""
         self._check_open()
-        grammar = constraints.request_grammar(body)
-        toolset = None
-        if chat:
-            toolset = ToolSet.from_request(body, self.chat_format.template, self.target.info.arch)
-        elif body.get("tools") is not None or body.get("tool_choice") is not None:
-            raise params.RequestError("'tools' need a chat completion (/v1/chat/completions)", param="tools",
-                                      code="invalid_value")
-        if toolset is not None and toolset.parses:
-            if grammar is not None:
-                raise params.RequestError("give either 'tools' or a 'grammar' / JSON 'response_format', not both "
-                                          "(or set tool_choice to 'none')", param="tools", code="invalid_value")
-            grammar = toolset.grammar()
-        if grammar is not None:
-            constraints.check(self.target.model, grammar)
-        return grammar, toolset
+        return preparing.prepare(self, body, chat)
 
     def response_chunks(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Iterator[dict]:
         """The stream of one request as Llama/OpenAI chunk dicts, usage and stats on the last one.
@@ -597,11 +411,11 @@ class SpecGGUF:
         `cancelled` is asked after every chunk: when it says yes the generation is closed (the
         engine stops at that round) and nothing more is yielded.
         """
-        return responses.chunks(self, req, cancelled)
+        return completions.chunks(self, req, cancelled)
 
     def response(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> dict | None:
         """The whole response of one request (None when cancelled before the end)."""
-        return responses.full(self, req, cancelled)
+        return completions.full(self, req, cancelled)
 
     def create_completion(self, prompt, max_tokens: int | None = 16, stop=None, stream: bool = False, **kwargs):
         """Complete `prompt` (text or token ids) like `llama_cpp.Llama.create_completion`.
@@ -633,18 +447,10 @@ class SpecGGUF:
     # -- resources -------------------------------------------------------------------------
     def close(self) -> None:
         """Free the draft and the target (contexts, then models). Safe to call twice."""
-        if getattr(self, "_pool", None) is not None:
-            self._pool.close()  # waits for the running generations
-            for engine in self._pool.engines:
-                if engine.drafter is not None and engine.drafter is not self.drafter:
-                    engine.drafter.close()
-            self._pool = None
-        if getattr(self, "drafter", None) is not None:
-            self.drafter.close()  # the draft context may point at the target's: free it first
-            self.drafter = None
-        if getattr(self, "target", None) is not None:
-            self.target.close()
-            self.target = None
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None:
+            loaded.close()
+        self.drafter = self.target = self._pool = None
 
     def __enter__(self):
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from specgguf.decoding.promptcache import PromptCache
 
 MIN_EXPECTED = 5.0
 
@@ -90,7 +91,7 @@ def target_probs(llm, prompt, prefix, sampling):
 
     ctx, batch, model = llm.target.ctx, llm.target.batch, llm.target.model
     ctx.clear()
-    llm.target.kept = None  # used directly: the prompt cache must not trust the context
+    PromptCache.of(llm.target).forget()  # used directly: the prompt cache must not trust the context
     batch.clear().add_tokens(prompt + list(prefix), 0, "last")
     ctx.decode(batch)
     p = Sampler(sampling).probs(ctx.logits(len(prompt) + len(prefix) - 1))

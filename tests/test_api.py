@@ -205,7 +205,6 @@ def test_greedy_logit_bias_is_the_biased_argmax_at_every_verified_row(llm, plain
     vec = np.zeros(llm.n_vocab(), dtype=np.float64)
     for tok, b in bias.items():
         vec[tok] = b
-    gen, text = llm.stream_tokens(llm.tokenize(PROMPT), 16, sampling={"logit_bias": tuple(sorted(bias.items()))})
     checked = []
 
     def check(ctx, ids):
@@ -213,7 +212,8 @@ def test_greedy_logit_bias_is_the_biased_argmax_at_every_verified_row(llm, plain
             assert tok == int(np.argmax(ctx.logits(i) + vec)), (i, tok)
             checked.append(tok)
 
-    gen.on_verified = check
+    gen, text = llm.stream_tokens(llm.tokenize(PROMPT), 16, sampling={"logit_bias": tuple(sorted(bias.items()))},
+                                  on_verified=check)
     "".join(text)
     assert len(checked) >= 16 and gen.stats.drafted > 0
     biased = llm.create_completion(PROMPT, max_tokens=16, logit_bias=bias)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from chisquare import gof, pvalue
+from specgguf.decoding.promptcache import PromptCache
 from specgguf.decoding import noise
 from specgguf.api import SpecGGUF
 from specgguf.decoding.sampling import Dist, Sampler, SamplingParams
@@ -186,7 +187,7 @@ def _score_gap(llm, prompt, prefix, a, b, sp):
     """|score(a) - score(b)| at the position after prompt + prefix, from one-token decoding."""
     ctx, batch = llm.target.ctx, llm.target.batch
     ctx.clear()
-    llm.target.kept = None  # used directly: the prompt cache must not trust the context
+    PromptCache.of(llm.target).forget()  # used directly: the prompt cache must not trust the context
     batch.clear().add_tokens(prompt[:-1], 0, "none")
     ctx.decode(batch)
     for pos, tok in enumerate([prompt[-1], *prefix], start=len(prompt) - 1):

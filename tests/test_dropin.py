@@ -21,7 +21,7 @@ from specgguf import SpecGGUF
 CTX = 256
 PROMPTS = ["Once upon a time", "Copy exactly: alpha beta gamma delta epsilon. Copy: alpha beta"]
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a colour."}]
-# SpecGGUF's fallback for a GGUF without a chat template (specgguf/openai/chat.py), as a Jinja template
+# SpecGGUF's fallback for a GGUF without a chat template (specgguf/request/chat.py), as a Jinja template
 TRANSCRIPT = ("{{ bos_token }}{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n"
               "{% endfor %}Assistant:")
 N = 16

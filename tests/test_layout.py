@@ -40,11 +40,18 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            # `from pkg import mod` depends on pkg.mod; `from pkg import name` on pkg itself
+            subs = [f"{mod}.{a.name}" for a in node.names]
+            targets = [t for t in subs if t in known]
+            if len(targets) < len(subs):
+                targets.append(mod)
         for t in targets:
             while t and t not in known:
                 t = t.rpartition(".")[0]
-            if t and t != name and not name.startswith(t + "."):  # a package's own parents are not edges
+            # a module that imports its own package (`from . import x` in pkg/mod.py) depends on
+            # pkg/__init__.py like any other module: that edge counts (only the root package is
+            # left out: every module is inside it, and it imports nothing back but the API)
+            if t and t != name and t != "specgguf":
                 found.add(t)
     return found
 
@@ -95,9 +102,10 @@ LAYERS = {
     "specgguf.decoding": {"specgguf.runtime"},
     "specgguf.drafters": {"specgguf.runtime", "specgguf.decoding"},
     "specgguf.inspection": {"specgguf.runtime", "specgguf.drafters"},
-    "specgguf.openai": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters"},
-    "specgguf.api": {"specgguf.runtime", "specgguf.converters", "specgguf.decoding", "specgguf.drafters",
-                     "specgguf.openai"},
+    "specgguf.request": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters"},
+    "specgguf.loading": {"specgguf.runtime", "specgguf.converters", "specgguf.decoding", "specgguf.drafters"},
+    "specgguf.api": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters", "specgguf.request",
+                     "specgguf.loading"},
 }
 
 

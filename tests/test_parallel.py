@@ -1,4 +1,4 @@
-"""Parallel sequences (issue 28; decoding/parallel.py): several generations at once in one
+"""Parallel sequences (issue 28; decoding/sharedctx.py, decoding/slots.py): several generations at once in one
 context, one target pass per round for all of them. On an F32 target every answer equals the
 same request run alone, with plain decoding and each lookup drafter, greedy and seeded
 sampling, when requests outnumber the slots, when one client stops reading mid-stream, and
@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from specgguf.decoding.promptcache import PromptCache
 from specgguf.api import SpecGGUF
 
 N_CTX = 512
@@ -217,8 +218,8 @@ def test_slots_share_saved_states(qwen3_target):
         llm.generate(c, max_tokens=8)  # takes one of them: its context is saved first
         back = [llm.generate(x + " and", max_tokens=MAX_TOKENS) for x in (a, b)]
         assert min(r.stats.cached_tokens for r in back) >= 32, [r.stats.cached_tokens for r in back]
-        states = llm._pool.slots[0].saved_states
-        assert states is not None and states is llm._pool.slots[1].saved_states and len(states) >= 1
+        states = PromptCache.of(llm._pool.slots[0]).states
+        assert states is not None and states is PromptCache.of(llm._pool.slots[1]).states and len(states) >= 1
     with SpecGGUF(qwen3_target, draft="ngram", n_ctx=N_CTX) as ref:
         assert [r.tokens for r in back] == [ref.generate(x + " and", max_tokens=MAX_TOKENS).tokens for x in (a, b)]
 

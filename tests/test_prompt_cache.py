@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from specgguf.api import SpecGGUF
+from ties import assert_same_or_near_tie
 from specgguf.decoding.engine import MIN_REUSE, Engine
 from specgguf.decoding.promptcache import SavedState, StateCache, common_prefix
 from specgguf.drafters import make_drafter
@@ -223,7 +224,8 @@ def test_gemma_reuse_with_sliding_window(gemma_path):
     instead of trusting a cache that no longer holds what the decode needs."""
     text = " ".join(f"item {i}: value {i * 7 % 13}." for i in range(260))
     # drafts of at most 2 tokens: verify batches of width <= 3, which this Q4_K_M target computes
-    # bit for bit as one-token decoding (wider ones may flip near-ties: docs/loop.md §6.4)
+    # bit for bit as one-token decoding on AVX2 and AVX-512 EPYCs; an Intel Xeon (2026-12-04) parts
+    # at a near-tie even so (docs/loop.md §6.4): tests/ties.py
     with SpecGGUF(str(gemma_path), draft="ngram", draft_max=2, n_ctx=4096) as llm:
         long = llm.tokenize(text)
         assert len(long) > 1500
@@ -235,7 +237,7 @@ def test_gemma_reuse_with_sliding_window(gemma_path):
     with SpecGGUF(str(gemma_path), n_ctx=4096) as fresh:  # the target's own greedy output
         for p, r in zip(prompts, results):
             fresh.reset()
-            assert r.tokens == fresh.generate(p, max_tokens=N).tokens
+            assert_same_or_near_tie(fresh, p, r.tokens, fresh.generate(p, max_tokens=N).tokens)
 
 
 def test_gemma_chat_usage_reports_cached_tokens(gemma_path):

@@ -1,5 +1,5 @@
 """Structured output under speculation: GBNF grammars and JSON schemas applied to the target at
-every verified position (specgguf/openai/constraints.py).
+every verified position (specgguf/request/constraints.py).
 
 What is compared: the greedy output of speculative decoding with a grammar equals, token for
 token, plain decoding with the same grammar (the same loop with no drafter, one target row per
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specgguf.api import SpecGGUF
-from specgguf.openai.constraints import json_grammar, schema_grammar
+from specgguf.request.constraints import json_grammar, schema_grammar
 from specgguf.decoding.sampling import SamplingParams
 
 # A small test set of schemas; every string and number is bounded, so that even a random

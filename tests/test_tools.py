@@ -1,4 +1,4 @@
-"""Tool calls (specgguf/openai/tools.py): tools through the chat template, calls parsed into OpenAI's
+"""Tool calls (specgguf/request/tools.py): tools through the chat template, calls parsed into OpenAI's
 `tool_calls`, streamed as OpenAI streams them, and forced calls constrained by a grammar built
 from the function's JSON schema; the real `openai` client and `langchain-openai` against
 `specgguf serve`.
@@ -17,7 +17,7 @@ import pytest
 
 from specgguf.api import SpecGGUF
 from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
-from specgguf.openai.tools import ToolSet
+from specgguf.request.tools import ToolSet
 
 # A compact Hermes-style template written for these tests (the shape Qwen3's template has).
 TEMPLATE = """{%- if tools %}<|im_start|>system

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..openai import params
+from ..request import params
 from ..errors import LlamaError, UserError
 from .options import DEMO_PROMPT, flag_message, model_options, open_model, sampling_from, sampling_options
 from .build import build_llama
@@ -94,7 +94,7 @@ def generate(prompt, max_tokens, stop, stats, as_json, compare, **opts):
             click.echo(json.dumps(result))
             return
         if stats or compare:
-            label = opts.get("draft") or "plain"
+            label = str(llm.draft_spec) if llm.draft_spec is not None else "plain"
             click.echo(f"[{label}] {gen.stats.summary()}; finish: {gen.finish_reason}", err=True)
         if plain is not None:
             ps = plain_gen.stats

@@ -37,17 +37,10 @@ def flag_message(exc: Exception) -> str:
     return message
 
 
-def _draft_spec(ctx, param, values):
-    """--draft given once: that spec; twice, 'suffix' and a GGUF: the hybrid ('suffix+PATH')."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    others = [v for v in values if v != "suffix"]
-    if len(values) == 2 and len(others) == 1 and others[0] != "ngram":
-        return "suffix+" + others[0]
-    raise UserError(f"--draft given {len(values)} times ({', '.join(values)}): give one draft, or 'suffix' "
-                    "and one draft GGUF")
+def _draft_values(ctx, param, values):
+    """--draft as given (zero, one or two values): open_model parses them with --draft-kind,
+    once, into a DraftSpec."""
+    return tuple(values) or None
 
 
 def model_options(f):
@@ -56,7 +49,7 @@ def model_options(f):
         click.option("--offline", is_flag=True,
                      help="Hugging Face ids (TARGET or --draft as org/repo[@REV][:QUANT] or org/repo/FILE.gguf) "
                           "from the local cache only, never the network (also HF_HUB_OFFLINE=1)."),
-        click.option("--draft", "-d", multiple=True, callback=_draft_spec,
+        click.option("--draft", "-d", multiple=True, callback=_draft_values,
                      help="A draft GGUF (a path or a Hugging Face id; same tokenizer as the target), 'ngram' "
                           "(prompt lookup) or 'suffix' (lookup in the text and in earlier outputs); give 'suffix' and a GGUF (--draft "
                           "suffix --draft D.gguf) to use each where it pays. Omit for plain decoding."),
@@ -121,8 +114,10 @@ def open_model(target, draft, draft_max, n_ctx, n_threads, n_gpu_layers, verbose
         raise UserError(f"--draft-p-min must be within [0, 1] (got {draft_p_min})")
     if draft is None and draft_kind not in (None, "ngram"):
         raise UserError(f"--draft-kind {draft_kind} needs a --draft GGUF")
-    if draft is None and draft_kind == "ngram":
-        draft = "ngram"
+    from ..drafters.spec import DraftSpec
+
+    draft = DraftSpec.from_options(draft, draft_kind)  # the one parse of --draft
+    draft_kind = None  # ...which carries it
     if batch_invariant and flash_attn is not None and flash_attn != "on":
         raise UserError(f"--batch-invariant runs flash attention on (its vector path is the kernel that is the same "
                         f"at every batch width): drop --flash-attn {flash_attn}")

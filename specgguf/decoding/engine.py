@@ -18,7 +18,7 @@ import time
 from typing import Iterator
 
 from ..errors import UserError
-from .promptcache import common_prefix
+from .promptcache import MIN_REUSE, PromptCache  # noqa: F401  (MIN_REUSE: the engine's reuse threshold, named here too)
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
 from .verify import coupled as accept_coupled, greedy as accept_greedy, ratio as accept_ratio
@@ -30,11 +30,6 @@ AUTO_MAX = 8  # the longest draft `auto` considers for token-by-token drafters
 # call; a wide one (262k: a row is 1 MB, ~60 us to scan) goes a few rows at a time, so the
 # rows after the first rejection are never scanned
 ROW_SCAN = 1 << 16
-HIDDEN_KINDS = ("eagle3", "dflash", "dspark")  # read the target's layer inputs: their own verify curve
-# the prompt cache keeps a common prefix from this length on: a shorter one costs next to
-# nothing to read again, and reading it afresh splits the prompt into batches exactly as a
-# new instance does (on quantised CPU targets the split can move the last bits, §6.4)
-MIN_REUSE = 32
 
 
 def greedy_ids(ctx, draft, is_eog, block=None) -> list[int]:
@@ -94,13 +89,12 @@ class Engine:
             spec = None if drafter is None else drafter.profile_id
             self.profile = ProfileStore(target.info.path, spec, target.n_threads, target.n_gpu_layers,
                                         drafter is not None and drafter.block,
-                                        reads_features=drafter is not None
-                                        and drafter.kind.split("+")[-1] in HIDDEN_KINDS,
+                                        reads_features=drafter is not None and drafter.reads_hidden,
                                         rpc_servers=target.rpc_servers,
                                         kernels=getattr(target, "kernels", None),
                                         seed_kernels=getattr(target, "seed_kernels", getattr(target, "kernels", None)))
             # prior acceptance: an n-gram continuation found in the text is usually right
-            self._prior = 0.7 if spec == "ngram" else 0.6
+            self._prior = 0.7 if drafter is not None and drafter.kind == "ngram" else 0.6
             self.lengths = LengthController(self.draft_max, prior=self._prior)
             if drafter is not None:
                 drafter.chooser = self.lengths
@@ -137,8 +131,10 @@ class Engine:
                             f"{width - 1}, or auto", param="draft_max")
 
     def generate(self, prompt_tokens: list[int], max_tokens: int = 256,
-                 sampling: SamplingParams | None = None, cancelled=None, grammar: str | None = None) -> "Generation":
-        """grammar: GBNF text the output must follow (constraints.py), or None."""
+                 sampling: SamplingParams | None = None, cancelled=None, grammar: str | None = None,
+                 **hooks) -> "Generation":
+        """grammar: GBNF text the output must follow (constraints.py), or None. hooks:
+        Generation's on_verified, draft_limit and trace."""
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
             raise UserError("the prompt is empty: give some text", param="prompt")
@@ -149,13 +145,13 @@ class Engine:
             raise UserError(f"max_tokens must be a whole number >= 0 (got {max_tokens!r})", param="max_tokens")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
-        return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar)
+        return Generation(self, list(prompt_tokens), int(max_tokens), sampling, cancelled, grammar, **hooks)
 
     def generate_on(self, engines, pool, prompt_tokens, max_tokens=256, sampling=None, cancelled=None,
-                    grammar=None) -> "Generation":
+                    grammar=None, **hooks) -> "Generation":
         """generate(), on whichever engine of `engines` (one per slot of `pool`, all built like
-        this one) has the best free slot when the generation starts (decoding/parallel.py)."""
-        gen = self.generate(prompt_tokens, max_tokens, sampling, cancelled, grammar)
+        this one) has the best free slot when the generation starts (decoding/slots.py)."""
+        gen = self.generate(prompt_tokens, max_tokens, sampling, cancelled, grammar, **hooks)
         gen.slots = (pool, engines)
         return gen
 
@@ -176,9 +172,11 @@ def draft_weight(target, drafter) -> float:
     reads every weight once), at least 1%. Lookup drafters (no file): 0."""
     import os
 
-    spec = drafter.profile_id.rpartition("+")[2]
+    path = drafter.model_path
+    if path is None:
+        return 0.0
     try:
-        return max(os.path.getsize(spec) / os.path.getsize(target.info.path), 0.01)
+        return max(os.path.getsize(path) / os.path.getsize(target.info.path), 0.01)
     except OSError:
         return 0.0
 
@@ -196,7 +194,7 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None,
-                 cancelled=None, grammar: str | None = None):
+                 cancelled=None, grammar: str | None = None, on_verified=None, draft_limit=None, trace=None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
         self.grammar, self.constraint = grammar, None  # the constraint is built when the run starts
         self.cancelled = cancelled or (lambda: False)
@@ -214,14 +212,15 @@ class Generation:
         self.tokens: list[int] = []
         # the tokens every cache holds, consistently (None in the middle of a change)
         self._synced: list[int] | None = None
+        # the hooks, given when the generation is built:
         # on_verified(ctx, ids): called once a round with the committed ids; row i of the target's
         # logits is the one ids[i] was chosen from (logprobs.py reads them there)
-        self.on_verified = None
+        self.on_verified = on_verified
         # draft_limit(draft) -> how many of the draft's tokens can still be output (a stop
-        # string ends the generation: textstream.TextStream.useful_draft); None: all
-        self.draft_limit = None
+        # string ends the generation: textstream.StopStrings.useful_draft); None: all
+        self.draft_limit = draft_limit
         # a trace.RoundTrace: per-phase Python time of every round (scripts/gpu_check.py --trace)
-        self.trace = None
+        self.trace = trace
         self._it = self._run()
 
     def _bind(self, engine: Engine) -> None:
@@ -260,7 +259,7 @@ class Generation:
             drafter.lazy = self.engine.lengths is not None
         t0 = time.perf_counter()
         body = prompt[:-1]
-        n_cached = self._reuse(body)
+        n_cached = PromptCache.of(target).reuse(body, drafter)
         self.stats.cached_tokens = n_cached
         self._synced = body[:n_cached]
         for start in range(n_cached, len(body), ctx.n_batch):
@@ -278,75 +277,6 @@ class Generation:
             drafter.begin(body)
         self.stats.prefill_s = time.perf_counter() - t0
         return True
-
-    def _reuse(self, body: list[int]) -> int:
-        """Keep the longest common prefix of `body` with what the caches hold (or with a saved
-        state, when that shares more), trim the rest, and return how many tokens are kept.
-        The drafter keeps what it can (Drafter.resume); one that reads the target's passes
-        holds the target back to what it kept, any other catches up on its own."""
-        target, drafter = self.engine.target, self.engine.drafter
-        ctx = target.ctx
-        if target.kept is not None and ctx.pos_max() + 1 != len(target.kept):
-            target.kept = None  # the context was used behind the engine's back: trust nothing
-        n = common_prefix(target.kept, body)
-        if n < MIN_REUSE:
-            n = 0
-        states = target.saved_states
-        if states is not None:
-            if target.kept is not None and n < len(target.kept) - MIN_REUSE:
-                # the live state is about to be cut: keep a copy first (a chat that goes on
-                # never pays for one; switching conversations pays one copy)
-                self._save(target.kept)
-            saved, n_saved = states.best(body)
-            if saved is not None and n_saved > n and n_saved >= MIN_REUSE:
-                self._restore(saved)
-                n = n_saved
-        target.kept = None  # until the caches are consistent again (_run)
-        n_draft = 0
-        if drafter is not None:
-            kept, drafter.kept = drafter.kept, None
-            n_draft = drafter.resume(min(common_prefix(kept, body), n))
-            if drafter.reads_target:
-                n = min(n, n_draft)
-        if n > 0 and not (ctx.can_resume_at(n) and ctx.try_seq_rm(n)):
-            n = 0  # a sliding-window or recurrent cache that cannot go back that far
-        if n == 0:
-            ctx.clear()
-        if drafter is not None:
-            if n_draft > n:
-                n_draft = drafter.resume(n)
-            if n_draft < n:  # a draft model's own cache catches up without the target
-                drafter.process(body[n_draft:n], n_draft)
-        return n
-
-    def _restore(self, saved) -> None:
-        """Load a saved state into the target (and the drafter, when it saved it)."""
-        target, drafter = self.engine.target, self.engine.drafter
-        target.kept = None
-        target.ctx.load_state_bytes(saved.target)
-        target.kept = list(saved.tokens)
-        if drafter is not None:
-            drafter.kept = None
-            if saved.drafter is drafter and saved.draft is not None and drafter.restore(saved.draft):
-                drafter.kept = list(saved.tokens)
-
-    def _save(self, tokens: list[int]) -> None:
-        """Save the caches' state for a later prompt that shares these tokens (StateCache)."""
-        from .promptcache import SavedState
-        from ..errors import LlamaError
-
-        target, drafter = self.engine.target, self.engine.drafter
-        states = target.saved_states
-        if states is None or not states.wants(tokens):
-            return
-        if drafter is not None and drafter.kept != tokens:
-            drafter = None  # its state is of other tokens (a plain run came between): the target's alone
-        try:
-            state = SavedState(tuple(tokens), target.ctx.state_bytes(), drafter,
-                               drafter.save() if drafter is not None else None)
-        except LlamaError:
-            return  # the cache is an optimisation: a state llama.cpp cannot copy is not kept
-        states.put(state)
 
     def _draft(self, history, id_last: int, pos0: int, n_max: int):
         """(draft tokens, their q vectors or None = point masses), cut to this round's cap."""
@@ -413,14 +343,8 @@ class Generation:
             try:
                 # what the caches hold for the next generation (None: unknown, start afresh)
                 synced = self._synced
-                if synced is not None and not target.ctx.closed:
-                    target.kept = list(synced)
-                    if drafter is not None:
-                        drafter.kept = list(synced)
-                else:
-                    target.kept = None
-                    if drafter is not None:
-                        drafter.kept = None
+                PromptCache.of(target).commit(synced if synced is not None and not target.ctx.closed else None,
+                                              drafter)
             finally:
                 if self.constraint is not None:
                     self.constraint.close()

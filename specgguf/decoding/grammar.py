@@ -13,7 +13,7 @@ in logit order is the masked arg-max, and ties at the cut are all in the candida
 lowest id wins, as numpy's and llama.cpp's greedy arg-max pick it).
 
 Where grammars come from (JSON schemas, `response_format`, tools) is the request layer's job:
-`specgguf/openai/constraints.py`.
+`specgguf/request/constraints.py`.
 """
 
 from __future__ import annotations

@@ -37,18 +37,19 @@ def _file_identity(path) -> list:
     return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
 
 
-def _draft_identity(draft: str | None):
-    """A draft file's identity, a kind's name (ngram, suffix), or both for a hybrid
-    ('suffix+PATH')."""
+def _draft_identity(draft):
+    """A draft file's identity, a kind's name (ngram, suffix), or both parts of a hybrid
+    (Drafter.profile_id: a (lookup, draft) pair)."""
     if draft is None:
         return None
+    if isinstance(draft, (tuple, list)):
+        return [draft[0], _draft_identity(draft[1])]
     if os.path.isfile(draft):
         return _file_identity(draft)
-    head, plus, rest = draft.partition("+")
-    return [head, _draft_identity(rest)] if plus else draft
+    return draft
 
 
-def profile_key(target_path, draft: str | None, n_threads: int, n_gpu_layers: int, bucket: int | str,
+def profile_key(target_path, draft, n_threads: int, n_gpu_layers: int, bucket: int | str,
                 rpc_servers: list[str] | None = None, kernels: str | None = None) -> str:
     """bucket: a depth bucket, or "calibration" (the drafter's confidence calibration, all depths).
     kernels: a non-default kernel choice that changes every cost ("batch-invariant")."""
@@ -110,7 +111,7 @@ class ProfileStore:
         self.block = block
         self.buckets: dict[int, Costs] = {}
         self._dirty: set[int] = set()
-        # parallel sequences share one store (decoding/parallel.py): their threads save it, the
+        # parallel sequences share one store (decoding/sharedctx.py, decoding/slots.py): their threads save it, the
         # pass that measures it observes; one at a time
         self.lock = threading.RLock()
         self.calibration: Calibration | None = None  # set by `load_calibration`, saved with the costs
@@ -180,3 +181,4 @@ class ProfileStore:
                 save(self._key("calibration"), self.calibration)
             except OSError:
                 pass
+

@@ -13,6 +13,7 @@ Two levels, as llama_cpp.Llama has them:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -109,3 +110,153 @@ class StateCache:
         with self._lock:
             self._states.clear()
             self.nbytes = 0
+
+
+# the live context keeps a common prefix from this length on: a shorter one costs next to
+# nothing to read again, and reading it afresh splits the prompt into batches exactly as a
+# new instance does (on quantised CPU targets the split can move the last bits, docs/loop.md §6.4)
+MIN_REUSE = 32
+
+_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class PromptCache:
+    """What one target's context (a `Target`, or one sequence's `Slot`) and its drafters' states
+    hold between generations, and the only writer of it.
+
+    `tokens`: the tokens the target's cache holds (None: unknown; the next generation starts
+    afresh). Each drafter that ran on this target holds tokens of its own (`held`), equal to
+    the target's after a generation that used it, stale after one that did not (a plain run
+    between two drafted ones). `states`: the saved states (`StateCache`) or None.
+    One per target: `PromptCache.of(target)`."""
+
+    def __init__(self, target):
+        self.target = target
+        self.tokens: list[int] | None = None
+        self.states: StateCache | None = None
+        self._drafts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, target) -> "PromptCache":
+        cache = _OWNERS.get(target)
+        if cache is None:
+            cache = _OWNERS[target] = cls(target)
+        return cache
+
+    def held(self, drafter) -> list[int] | None:
+        """The tokens `drafter`'s state holds (None: unknown)."""
+        return None if drafter is None else self._drafts.get(drafter)
+
+    def forget(self, drafter=None) -> None:
+        """Nothing is known of the target's cache (and `drafter`'s): the next generation reads its
+        whole prompt."""
+        self.tokens = None
+        if drafter is not None:
+            self._drafts.pop(drafter, None)
+
+    def forget_drafts(self) -> None:
+        """Nothing is known of any drafter's state (the target's cache was cleared)."""
+        self._drafts.clear()
+
+    def commit(self, tokens, drafter=None) -> None:
+        """After a generation: the target's cache and `drafter`'s state hold `tokens` (None:
+        unknown, start afresh)."""
+        self.tokens = None if tokens is None else list(tokens)
+        if drafter is not None:
+            if tokens is None:
+                self._drafts.pop(drafter, None)
+            else:
+                self._drafts[drafter] = list(tokens)
+
+    # -- a new generation: what it can keep -----------------------------------------------
+    def reuse(self, body: list[int], drafter=None) -> int:
+        """Keep the longest common prefix of `body` with what the caches hold (or with a saved
+        state, when that shares more), trim the rest, and return how many tokens are kept.
+        The drafter keeps what it can (Drafter.resume); one that reads the target's passes
+        holds the target back to what it kept, any other catches up on its own."""
+        ctx = self.target.ctx
+        if self.tokens is not None and ctx.pos_max() + 1 != len(self.tokens):
+            self.tokens = None  # the context was used behind this owner's back: trust nothing
+        n = common_prefix(self.tokens, body)
+        if n < MIN_REUSE:
+            n = 0
+        if self.states is not None:
+            if self.tokens is not None and n < len(self.tokens) - MIN_REUSE:
+                # the live state is about to be cut: keep a copy first (a chat that goes on
+                # never pays for one; switching conversations pays one copy)
+                self.save(self.tokens, drafter)
+            saved, n_saved = self.states.best(body)
+            if saved is not None and n_saved > n and n_saved >= MIN_REUSE:
+                self.restore(saved, drafter)
+                n = n_saved
+        self.tokens = None  # until the caches are consistent again (commit)
+        n_draft = 0
+        if drafter is not None:
+            kept = self._drafts.pop(drafter, None)
+            n_draft = drafter.resume(min(common_prefix(kept, body), n))
+            if drafter.reads_target:
+                n = min(n, n_draft)
+        if n > 0 and not (ctx.can_resume_at(n) and ctx.try_seq_rm(n)):
+            n = 0  # a sliding-window or recurrent cache that cannot go back that far
+        if n == 0:
+            ctx.clear()
+        if drafter is not None:
+            if n_draft > n:
+                n_draft = drafter.resume(n)
+            if n_draft < n:  # a draft model's own cache catches up without the target
+                drafter.process(body[n_draft:n], n_draft)
+        return n
+
+    def restore(self, saved: SavedState, drafter=None) -> None:
+        """Load a saved state into the target (and the drafter, when it saved it; else the
+        drafter's state is unknown)."""
+        self.tokens = None
+        self.target.ctx.load_state_bytes(saved.target)
+        self.tokens = list(saved.tokens)
+        if drafter is not None:
+            self._drafts.pop(drafter, None)
+            if saved.drafter is drafter and saved.draft is not None and drafter.restore(saved.draft):
+                self._drafts[drafter] = list(saved.tokens)
+
+    def save(self, tokens, drafter=None) -> None:
+        """Keep a copy of the caches' state for a later prompt that shares these tokens."""
+        from ..errors import LlamaError
+
+        states = self.states
+        if states is None or not states.wants(tokens):
+            return
+        if drafter is not None and self._drafts.get(drafter) != list(tokens):
+            drafter = None  # its state is of other tokens (a plain run came between): the target's alone
+        try:
+            state = SavedState(tuple(tokens), self.target.ctx.state_bytes(), drafter,
+                               drafter.save() if drafter is not None else None)
+        except LlamaError:
+            return  # the cache is an optimisation: a state llama.cpp cannot copy is not kept
+        states.put(state)
+
+    # -- SpecGGUF.save_state / load_state ------------------------------------------------
+    def snapshot(self, drafter=None) -> SavedState:
+        """The caches' state after the last generation, for `load` (llama_cpp.Llama.save_state)."""
+        tokens = self.tokens or []
+        draft = drafter.save() if drafter is not None and self._drafts.get(drafter) == tokens else None
+        return SavedState(tuple(tokens), self.target.ctx.state_bytes() if tokens else b"", drafter, draft)
+
+    def load(self, state: SavedState, drafter=None) -> None:
+        """Put back a state from `snapshot`: the next prompt that shares its tokens reads only the rest."""
+        self.forget(drafter)
+        if not state.tokens:
+            self.target.ctx.clear()
+            return
+        self.target.ctx.load_state_bytes(state.target)
+        self.tokens = list(state.tokens)
+        if drafter is not None:
+            if state.drafter is drafter and state.draft is not None and drafter.restore(state.draft):
+                self._drafts[drafter] = list(state.tokens)
+            else:
+                drafter.reset()
+
+    def clear(self) -> None:
+        """Empty the target's cache: nothing is held by it or by any drafter (saved states stay)."""
+        self.target.ctx.clear()
+        self.tokens = None
+        self._drafts.clear()

@@ -1,6 +1,6 @@
 """Where a round's Python time goes: an optional per-phase clock for the loop (issue 27).
 
-`Generation.trace = RoundTrace()` (scripts/gpu_check.py --trace) makes `engine._rounds` call
+`Engine.generate(..., trace=RoundTrace())` (scripts/gpu_check.py --trace) makes `engine._rounds` call
 `mark(phase)` at the end of each phase of every round; without a trace the loop pays one
 `is not None` test per phase. Phases, in round order:
 

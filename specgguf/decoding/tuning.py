@@ -296,7 +296,7 @@ def best_prefix(costs: Costs, accept, n_avail: int, overhead: float = 0.0,
     (one conditional rate per position) and `overhead` seconds every round pays anyway.
     draft_cost: D(n) for n = 0..n_avail (None: free). Ties go to the shorter draft.
     batch: (rows, tokens) the other sequences of a shared pass put in it and commit from it
-    (decoding/parallel.py): the pass then costs V(rows + n) and the rate counted is the whole
+    (decoding/sharedctx.py, decoding/slots.py): the pass then costs V(rows + n) and the rate counted is the whole
     batch's, so a drafted token pays only if its chance beats its row's share of everybody's
     pass; a lone sequence is (0, 0)."""
     rows, tokens = batch or (0, 0.0)

@@ -1,6 +1,6 @@
 """Draft kinds behind one protocol (`base.Drafter`, after llama.cpp's `common_speculative`
-hooks): `model`, `ngram`, `eagle3`, `dflash` and `dspark`, and `make_drafter`, which builds
-the right one from a CLI-style spec."""
+hooks): `model`, `ngram`, `suffix`, `eagle3`, `dflash`, `dspark`, `mtp` and the hybrid, and
+`make_drafter`, which builds the right one from a `DraftSpec` (spec.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,9 @@ import os
 from .base import Drafter
 
 
-def top10_prob(logits, tok: int) -> float:
-    """llama.cpp's draft confidence for --draft-p-min: the softmax over the 10 best logits
-    (not the whole vocabulary) at token `tok`."""
-    import numpy as np
-
-    top = np.partition(logits, -10)[-10:]
-    top = np.exp(top - top.max())
-    return float(np.exp(logits[tok] - logits.max()) / top.sum())
-
+from .spec import LOOKUPS, DraftSpec
 
 KINDS = ("model", "ngram", "eagle3", "dflash", "dspark", "mtp")
-LOOKUPS = ("ngram", "suffix")  # draft kinds that need no file
 # the kinds a draft file of each detected kind may run as (--draft-kind)
 ALLOWED_KINDS = {"model": {"model"}, "eagle3": {"eagle3"}, "dflash": {"dflash", "dspark"}, "dspark": {"dspark"},
                  "mtp": {"mtp"}}
@@ -37,62 +28,70 @@ def detect_kind(info) -> str:
     return "model"
 
 
-def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8, n_threads: int | None = None,
-                 n_gpu_layers: int | None = None, p_min: float = 0.0, n_min: int = 0, **options) -> Drafter:
-    """Build a drafter for `target` from a CLI-style spec: 'ngram', 'suffix', a path to a draft
-    GGUF, or 'suffix+PATH' (the hybrid: suffix lookups and a draft model, `--draft suffix
-    --draft PATH` on the command line). options: max_shared_tokens (suffix: the bound on the
-    store of earlier outputs), ngram_min / ngram_max (ngram), shared_draft (a model draft's
-    `SharedDraft`, when `target` is a slot of a parallel target: open_shared_draft).
-    `kind` overrides the detected kind (for example dspark slot rules for a DFlash file)."""
-    from ..runtime.compat import check_loadable
+def make_drafter(spec: "DraftSpec | str", target, kind: str | None = None, draft_max: int = 8,
+                 n_threads: int | None = None, n_gpu_layers: int | None = None, p_min: float = 0.0, n_min: int = 0,
+                 **options) -> Drafter:
+    """Build a drafter for `target` from a `DraftSpec` (a string is read by `DraftSpec.parse`:
+    'ngram', 'suffix', a draft GGUF's path, or 'suffix+PATH', the hybrid). The model part must
+    be a local file by now (the loader resolves Hub ids). options: max_shared_tokens (suffix: the
+    bound on the store of earlier outputs), ngram_min / ngram_max (ngram), shared_draft (a model
+    draft's `SharedDraft`, when `target` is a slot of a parallel target: open_shared_draft).
+    `kind` (or spec.kind) overrides the detected kind (for example dspark slot rules for a
+    DFlash file)."""
     from ..errors import UserError
-    from ..runtime.ggufinfo import read_gguf
 
-    spec = os.fspath(spec)
+    spec = DraftSpec.parse(spec, kind)
     if target.model.recurrent:
         # llama.cpp's C++ loop checkpoints such a state and re-decodes after every partial
         # acceptance; specgguf rolls back by removing KV cells, which a recurrent state refuses
         raise UserError(f"{target.info.path.name} ({target.info.arch}) keeps a recurrent state that cannot take "
                         "back rejected draft tokens, so specgguf cannot speculate on it: run it without --draft",
                         param="draft")
-    if spec == "suffix":
-        if kind is not None:
-            raise UserError(f"--draft suffix needs no file, so no --draft-kind (got {kind})")
-        from .suffix import SuffixDrafter
-
-        return SuffixDrafter(**{k: v for k, v in options.items() if k == "max_shared_tokens"})
-    if spec.startswith("suffix+") and not os.path.exists(spec):
-        # the hybrid: a suffix lookup where it pays more than the model draft (drafters/hybrid.py)
+    lookup_options = {k: v for k, v in options.items() if k == "max_shared_tokens"}
+    if spec.hybrid:
+        # a suffix lookup where it pays more than the model draft (drafters/hybrid.py)
         from .hybrid import HybridDrafter
         from .suffix import SuffixDrafter
 
-        model = make_drafter(spec[len("suffix+"):], target, kind, draft_max, n_threads, n_gpu_layers, p_min, n_min,
-                             **{k: v for k, v in options.items() if k != "max_shared_tokens"})
-        if model.lookup:
-            model.close()
-            raise UserError(f"--draft {spec}: pair 'suffix' with a draft GGUF, not with {model.kind!r}")
-        return HybridDrafter(SuffixDrafter(**{k: v for k, v in options.items() if k == "max_shared_tokens"}), model)
+        model = _model_drafter(spec, target, draft_max, n_threads, n_gpu_layers, p_min, n_min,
+                               {k: v for k, v in options.items() if k != "max_shared_tokens"})
+        return HybridDrafter(SuffixDrafter(**lookup_options), model)
+    if spec.lookup == "suffix":
+        from .suffix import SuffixDrafter
 
-    if (spec == "ngram" and kind not in (None, "ngram")) or (spec != "ngram" and kind == "ngram"):
-        raise UserError(f"--draft {spec} cannot run as --draft-kind {kind}: the kind of a draft file is read from "
-                        "the file, and 'ngram' needs no file (leave out --draft-kind)")
-    if spec == "ngram":
+        return SuffixDrafter(**lookup_options)
+    if spec.lookup == "ngram":
         from .ngram import NgramDrafter
 
         return NgramDrafter(ngram_min=options.get("ngram_min", 2), ngram_max=options.get("ngram_max", 4))
-    if not (spec.endswith(".gguf") or os.path.exists(spec)):
-        raise UserError(f"unknown --draft {spec!r}: give a draft GGUF file (path ending in .gguf), 'ngram', "
+    return _model_drafter(spec, target, draft_max, n_threads, n_gpu_layers, p_min, n_min, options)
+
+
+def _draft_info(spec: DraftSpec):
+    """(GGUF info, kind) of the spec's draft file, checked: the file exists, is a GGUF that
+    llama.cpp can load, and can run as the kind asked for."""
+    from ..errors import UserError
+    from ..runtime.compat import check_loadable
+    from ..runtime.ggufinfo import read_gguf
+
+    path = spec.model
+    if not (path.endswith(".gguf") or os.path.exists(path)):
+        raise UserError(f"unknown --draft {path!r}: give a draft GGUF file (path ending in .gguf), 'ngram', "
                         "'suffix', or both 'suffix' and a draft GGUF")
-    if kind is not None and kind not in KINDS:
-        raise UserError(f"unknown --draft-kind {kind!r}: use one of {', '.join(KINDS)}")
-    info = read_gguf(spec, "draft")
+    if spec.kind is not None and spec.kind not in KINDS:
+        raise UserError(f"unknown --draft-kind {spec.kind!r}: use one of {', '.join(KINDS)}")
+    info = read_gguf(path, "draft")
     check_loadable(info, "draft")
     detected = detect_kind(info)
-    kind = kind or detected
+    kind = spec.kind or detected
     if kind not in ALLOWED_KINDS[detected]:
         raise UserError(f"draft {info.path.name} is a {detected} draft (arch {info.arch}); it cannot run as "
                         f"--draft-kind {kind}")
+    return info, kind
+
+
+def _model_drafter(spec: DraftSpec, target, draft_max, n_threads, n_gpu_layers, p_min, n_min, options) -> Drafter:
+    info, kind = _draft_info(spec)
     common = dict(n_threads=n_threads, p_min=p_min, n_min=n_min,
                   n_gpu_layers=target.n_gpu_layers if n_gpu_layers is None else n_gpu_layers)
     if kind == "model":
@@ -114,27 +113,18 @@ def make_drafter(spec: str, target, kind: str | None = None, draft_max: int = 8,
     return DFlashDrafter(info, target, kind, draft_max=draft_max, **common)
 
 
-def open_shared_draft(spec: str, slot, kind: str | None = None, n_threads: int | None = None,
+def open_shared_draft(spec: "DraftSpec | str", slot, kind: str | None = None, n_threads: int | None = None,
                       n_gpu_layers: int | None = None):
     """The SharedDraft the slots of a parallel target draft with (drafters/model.py), for a
-    draft spec naming a file ('PATH' or 'suffix+PATH'); None for ngram and suffix, which keep
-    their state in Python."""
-    from ..runtime.compat import check_loadable
-    from ..runtime.ggufinfo import read_gguf
-
-    spec = os.fspath(spec)
-    if spec in LOOKUPS:
+    spec with a draft file; None for ngram and suffix, which keep their state in Python."""
+    spec = DraftSpec.parse(spec, kind)
+    if spec.model is None:
         return None
-    path = spec[len("suffix+"):] if spec.startswith("suffix+") and not os.path.exists(spec) else spec
-    if not (path.endswith(".gguf") or os.path.exists(path)):
-        return None  # make_drafter says what is wrong with it
-    info = read_gguf(path, "draft")
-    check_loadable(info, "draft")
-    detected = detect_kind(info)
-    kind = kind or detected
-    if kind not in ALLOWED_KINDS[detected]:
-        return None  # make_drafter says why
+    info, kind = _draft_info(spec)
     from .model import SharedDraft
 
     return SharedDraft(info, slot, kind, n_gpu_layers=slot.n_gpu_layers if n_gpu_layers is None else n_gpu_layers,
                        n_threads=n_threads)
+
+
+__all__ = ["Drafter", "DraftSpec", "KINDS", "LOOKUPS", "detect_kind", "make_drafter", "open_shared_draft"]

@@ -78,17 +78,25 @@ class Drafter:
     # the state is built from the target's own passes (layer inputs, hidden states), so the
     # target must decode again whatever the drafter cannot keep (the prompt cache)
     reads_target: bool = False
-    # the prompt tokens whose state the drafter holds since its last generation (set by the
-    # engine; None: unknown, so the next generation starts from scratch)
-    kept: list | None = None
     # the drafters.model.SharedDraft its model is borrowed from (slots of a parallel target)
     shared_draft = None
 
+    # reads the target's layer inputs (eagle3, dflash, dspark): the target's passes extract
+    # them, so verify costs follow a curve of their own (the cost profile keys on it)
+    reads_hidden: bool = False
+
     @property
-    def profile_id(self) -> str:
-        """What identifies this draft in cost profiles: the draft file, or the kind's name."""
+    def model_path(self) -> str | None:
+        """The draft GGUF this drafter runs, or None (lookups)."""
         info = getattr(self, "info", None)
-        return str(info.path) if info is not None else self.kind
+        return str(info.path) if info is not None else None
+
+    @property
+    def profile_id(self):
+        """What identifies this draft in cost profiles: the draft file, or the kind's name
+        (a hybrid: both parts, drafters/hybrid.py)."""
+        path = self.model_path
+        return path if path is not None else self.kind
 
     def describe(self) -> str:
         return self.kind
@@ -149,3 +157,13 @@ class Drafter:
         n_max (see the module doc): the auto chooser decides, a fixed length drafts on."""
         chooser = self.chooser
         return len(confidence) < n_max and (chooser is None or chooser.keep_drafting(confidence, n_max))
+
+
+def top10_prob(logits, tok: int) -> float:
+    """llama.cpp's draft confidence for --draft-p-min: the softmax over the 10 best logits
+    (not the whole vocabulary) at token `tok`."""
+    import numpy as np
+
+    top = np.partition(logits, -10)[-10:]
+    top = np.exp(top - top.max())
+    return float(np.exp(logits[tok] - logits.max()) / top.sum())

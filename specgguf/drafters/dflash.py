@@ -10,7 +10,8 @@ its confidence head can cut the draft short (`p_min`). Mirrors spec.cpp:940-1330
 
 from __future__ import annotations
 
-from .hidden import HiddenStateDrafter, top10_prob
+from .base import top10_prob
+from .hidden import HiddenStateDrafter
 
 
 class DFlashDrafter(HiddenStateDrafter):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import native
-from .hidden import HiddenStateDrafter, top10_prob
+from .base import top10_prob
+from .hidden import HiddenStateDrafter
 
 
 class Eagle3Drafter(HiddenStateDrafter):

@@ -9,7 +9,6 @@ import numpy as np
 
 from ..runtime import native
 from ..runtime.compat import check_hidden_state_pair
-from . import top10_prob  # noqa: F401  (re-exported for eagle3/dflash)
 from .base import Drafter
 
 
@@ -59,6 +58,7 @@ class HiddenStateDrafter(Drafter):
                 f"{' (own head)' if self.info.has_tensor('output.weight') else ' (target head)'}")
 
     reads_target = True  # features come from the target's passes
+    reads_hidden = True  # ...from its layer inputs, extracted in every pass
 
     def reset(self) -> None:
         self.ctx.clear()

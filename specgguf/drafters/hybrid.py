@@ -41,8 +41,16 @@ class HybridDrafter(Drafter):
         self.model.lazy = value
 
     @property
-    def profile_id(self) -> str:
-        return f"suffix+{self.model.profile_id}"
+    def profile_id(self):
+        return ("suffix", self.model.profile_id)
+
+    @property
+    def model_path(self) -> str | None:
+        return self.model.model_path
+
+    @property
+    def reads_hidden(self) -> bool:
+        return self.model.reads_hidden
 
     def describe(self) -> str:
         return f"{self.suffix.describe()}, else {self.model.describe()}"

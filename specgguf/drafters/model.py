@@ -5,7 +5,7 @@ The draft context mirrors the target: every target batch is decoded into it as w
 id_last and then each greedy draft token; the caller rolls those cells back right away and
 `process` re-evaluates the verified batch (docs/loop.md §2.2, §4.1).
 
-With parallel sequences (decoding/parallel.py) the slots' drafters share one `SharedDraft`:
+With parallel sequences (decoding/sharedctx.py, decoding/slots.py) the slots' drafters share one `SharedDraft`:
 one draft model (for every kind), and for this kind one context holding a sequence per slot;
 each drafter works in its slot's sequence, and the draft steps that several slots ask for at
 the same moment share a pass.
@@ -13,10 +13,10 @@ the same moment share a pass.
 
 from __future__ import annotations
 
-from ..decoding.parallel import PendingRows, SeqContext, SharedContext
+from ..decoding.sharedctx import PendingRows, SeqContext, SharedContext
 from ..runtime import native
 from ..runtime.compat import check_shared_vocab
-from . import top10_prob
+from .base import top10_prob
 from .base import Drafter
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..runtime import native
 from ..runtime.compat import check_mtp_pair
-from . import top10_prob
+from .base import top10_prob
 from .base import Drafter
 
 

@@ -105,15 +105,9 @@ def resolve(spec, *, what: str = "model", offline: bool | None = None, cache_dir
         raise UserError(f"{what} {spec} is no local file, and as a Hugging Face id: {exc}", param=exc.param) from None
 
 
-def resolve_draft(spec, *, offline: bool | None = None, cache_dir=None):
-    """A draft spec with its Hub id resolved: 'ngram' and 'suffix' as they are, 'suffix+ID'
-    (the hybrid) with ID resolved, a Hub id as its local GGUF path."""
-    if not isinstance(spec, str) or spec in ("ngram", "suffix"):
-        return spec
-    if spec.startswith("suffix+") and not os.path.exists(spec):
-        return "suffix+" + os.fspath(resolve(spec[len("suffix+"):], what="draft", offline=offline,
-                                             cache_dir=cache_dir))
-    return resolve(spec, what="draft", offline=offline, cache_dir=cache_dir)
+def resolve_draft(model, *, offline: bool | None = None, cache_dir=None):
+    """A draft model's reference (a DraftSpec's `model`: a path or a Hub id) as a local GGUF path."""
+    return resolve(model, what="draft", offline=offline, cache_dir=cache_dir)
 
 
 # -- listing a repo ------------------------------------------------------------------------

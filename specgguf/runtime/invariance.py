@@ -108,7 +108,8 @@ def verify_width(target) -> int:
     known = read_json(path)
     if isinstance(known.get(key), int):
         return known[key]
-    target.kept = None  # the probe uses the context: nothing of an earlier prompt survives it
+    # the probe uses the context before any generation (Target's constructor): the prompt cache
+    # has nothing to forget yet, and checks the context's length before it trusts it anyway
     width = widest_exact(measure(ctx, target.batch, target.model, depth, widths))
     known = read_json(path)
     known[key] = width

@@ -76,7 +76,7 @@ class Target:
         """batch_invariant: ggml's reference CPU kernels, flash attention on, no repacked weights,
         and `verify_width` measured (runtime/invariance.py); the target must run on the CPU.
         n_parallel: sequences the context holds at once, each with n_ctx cells of its own
-        (decoding/parallel.py drives them); 1: the one sequence of every other use."""
+        (decoding/sharedctx.py, decoding/slots.py drives them); 1: the one sequence of every other use."""
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
@@ -114,10 +114,7 @@ class Target:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self.active = None  # the generation holding the lock, if any
-        # the prompt cache (decoding/promptcache.py): the tokens the KV cache holds since the
-        # last generation (None: unknown, cleared before the next), and saved states, if any
-        self.kept: list[int] | None = None
-        self.saved_states = None
+        # what the KV cache holds between generations is decoding/promptcache.py's to know
         # the widest verify batch whose logits equal one-token decoding's (None: not measured,
         # no limit): the batch-invariant mode's measurement, which the engine never exceeds
         self.verify_width: int | None = None

@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 
 MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
-MAX_NESTING = 128  # JSON levels in a body: a schema may nest 32 subschemas (openai/grammarlimits.py)
+MAX_NESTING = 128  # JSON levels in a body: a schema may nest 32 subschemas (request/grammarlimits.py)
 PREPARE_TIMEOUT = 60.0  # seconds a request's preparation may take before the client gets a 503
 
 

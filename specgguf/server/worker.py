@@ -3,7 +3,7 @@
 A blocking decode must not run on the HTTP event loop, so every request becomes a `Job` handed
 to a worker thread: one for a `SpecGGUF` with one sequence (its generations run one at a time),
 N for one made with n_parallel=N (`serve --parallel N`: each worker's generation holds a slot,
-and their rounds share target passes, decoding/parallel.py). A worker pushes the job's results back to the event loop as they
+and their rounds share target passes, decoding/sharedctx.py, decoding/slots.py). A worker pushes the job's results back to the event loop as they
 come, and asks the job's `cancelled` flag after every chunk, which lets a client that went
 away stop its generation at the next round (the engine's generator is closed on the thread
 that runs it, never from another one). No HTTP here: the server is a thin layer on top.

@@ -124,14 +124,14 @@ def check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min, n_
                verbose, chat_format, last_n_tokens_size, logits_all, flash_attn):
     """Check the named constructor arguments (n_ctx, n_threads and n_gpu_layers are the target's
     to check: target.check_settings); returns (target path or None, seed or None)."""
-    from ..drafters import KINDS
+    from ..drafters import KINDS, DraftSpec
 
     if target is not None and model_path is not None:
         raise RequestError("give the target once: target or model_path, not both", param="model_path")
     target = target if target is not None else model_path
     if target is not None:
         path_like("model_path" if model_path is not None else "target", target)
-    if draft is not None:
+    if draft is not None and not isinstance(draft, DraftSpec):
         path_like("draft", draft)
     if draft_max != "auto":
         whole("draft_max", draft_max, 1)

@@ -133,11 +133,9 @@ def _choice(llm, req, index: int, cancelled):
     sampling = dict(req.sampling)
     if index and sampling.get("seed") is not None:
         sampling["seed"] = (sampling["seed"] + index) % (1 << 64)
+    rows = None if req.logprobs is None else lp.Collector(req.logprobs)
     gen, text = llm.stream_tokens(req.tokens, req.max_tokens, req.stop, sampling, cancelled=cancelled,
-                                  grammar=req.grammar)
-    rows = None
-    if req.logprobs is not None:
-        rows = gen.on_verified = lp.Collector(req.logprobs)
+                                  grammar=req.grammar, on_verified=rows)
     return gen, text, rows
 
 
