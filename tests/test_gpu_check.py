@@ -11,11 +11,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import cpp_baseline
 
 ROOT = cpp_baseline.REPO
 
 
+@pytest.mark.slow  # 40 s: the whole CPU rehearsal of scripts/gpu_check.sh (the GPU check's script runs end to end)
 def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
     cpp_baseline.require_tool()
     out = tmp_path / "gpu_check.json"

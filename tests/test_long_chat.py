@@ -43,7 +43,7 @@ def plain_answers(chat_model_path):
         return out
 
 
-@pytest.mark.parametrize("draft", ["ngram", "suffix"])
+@pytest.mark.parametrize("draft", ["ngram", pytest.param("suffix", marks=pytest.mark.slow)])
 def test_long_chat_greedy_drafting_equals_plain(chat_model_path, plain_answers, draft):
     with SpecGGUF(chat_model_path, draft=draft, draft_max=VERIFY_DRAFT_MAX, n_ctx=N_CTX) as llm:
         drafted = 0
@@ -56,6 +56,7 @@ def test_long_chat_greedy_drafting_equals_plain(chat_model_path, plain_answers, 
         assert drafted > 0
 
 
+@pytest.mark.slow  # test_lossless's long context checks Llama's agreement past 512 cells in the default tier
 def test_long_chat_plain_equals_llama_cpp(chat_model_path, plain_answers):
     from llama_cpp import Llama
 

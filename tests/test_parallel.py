@@ -244,6 +244,7 @@ def test_load_with_disconnects_on_four_slots(qwen3_target):
         assert r["completed"] == 9 and r["correct"] == 9 and r["disconnected"] == 3, r
 
 
+@pytest.mark.slow  # the load test on the real Gemma; test_load_with_disconnects_on_four_slots keeps it on qwen3
 def test_load_on_gemma_four_slots_parts_only_at_near_ties(gemma_path):
     """The same load on the Q4_K_M Gemma with `--parallel 4`: every completed answer is the one
     alone or parts from it at a near-tie (top two tokens within 1.5 nats: the rows of other

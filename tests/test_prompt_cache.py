@@ -259,6 +259,7 @@ def test_gemma_chat_usage_reports_cached_tokens(gemma_path):
 LOG = "\n".join(f"{i:02d}:00 sensor {i % 7} reported {i * 13 % 97} units" for i in range(1, 120))
 
 
+@pytest.mark.slow  # 31 s; the chat CLI's two-turn test below checks the same reuse in the default tier
 def test_server_three_turn_chat_reads_only_new_tokens(chat_model_path):
     """The real openai client sends the whole conversation every turn (as every app does):
     turns 2 and 3 find all of the earlier turns in the cache, and every answer is the target's

@@ -389,6 +389,7 @@ def test_server_survives_everything_above(gemma_ngram):
 
 # -- Gemma 3 270M, model draft (its requantized copy) ----------------------------------------
 
+@pytest.mark.slow  # the qwen3 model draft below checks the same path in the default tier
 def test_gemma_model_draft_equals_api_and_cli(gemma_path, gemma_draft_path):
     with start_server(gemma_path, "--draft", gemma_draft_path, "--ctx", CTX, "--draft-max", 8) as server:
         full = check_greedy_everywhere(server, gemma_path, str(gemma_draft_path))
