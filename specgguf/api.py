@@ -203,14 +203,7 @@ class SpecGGUF:
         """The bytes of `tokens`, as llama_cpp.Llama.detokenize (prev_tokens is checked and, as
         there, changes nothing: each token's piece is read on its own)."""
         self._check_open()
-        model = self.target.model
-        ids = params.token_ids(tokens, "tokens", model.n_vocab)
-        if prev_tokens is not None:  # pieces here do not depend on the text before them
-            params.token_ids(prev_tokens, "prev_tokens", model.n_vocab)
-        out = b"".join(model.token_to_piece(t, special) for t in ids)
-        if ids and ids[0] == model.bos and out.startswith(b" "):
-            out = out[1:]  # as Llama: the space a BOS-led SentencePiece text begins with is dropped
-        return out
+        return preparing.token_bytes(self.target.model, tokens, prev_tokens, special)
 
     def reset(self) -> None:
         """Forget the context's contents: the next generation reads its whole prompt (saved
@@ -277,19 +270,7 @@ class SpecGGUF:
         too). add_bos: begin with the model's BOS (when it uses one); special: read special-token
         text such as '<start_of_turn>' as that token (prompts of create_completion are read so)."""
         self._check_open()
-        if isinstance(text, (bytes, bytearray)):
-            try:
-                text = bytes(text).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise params.RequestError(f"'text' is not valid UTF-8 (byte {exc.start}): send UTF-8 bytes",
-                                          param="text", code="invalid_value") from None
-        elif not isinstance(text, str):
-            raise params.RequestError(f"'text' must be bytes or str (got {type(text).__name__})", param="text",
-                                      code="invalid_type")
-        params.text_value(text, "text")
-        llamaargs.flag("add_bos", add_bos)
-        llamaargs.flag("special", special)
-        return self.target.model.tokenize(text, add_special=add_bos, parse_special=special)
+        return preparing.text_tokens(self.target.model, text, add_bos, special)
 
     @property
     def chat_format(self) -> ChatFormat:

@@ -43,7 +43,9 @@ def plain_answers(chat_model_path):
         return out
 
 
-@pytest.mark.parametrize("draft", ["ngram", pytest.param("suffix", marks=pytest.mark.slow)])
+# slow: test_lossless.py checks long-context drafting on Gemma in the default tier
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["ngram", "suffix"])
 def test_long_chat_greedy_drafting_equals_plain(chat_model_path, plain_answers, draft):
     with SpecGGUF(chat_model_path, draft=draft, draft_max=VERIFY_DRAFT_MAX, n_ctx=N_CTX) as llm:
         drafted = 0

@@ -141,3 +141,34 @@ def refuse_past_context(llm, text: str, param: str) -> None:
         raise params.RequestError(f"the {param} text is {n} bytes, which cannot fit the context of "
                                   f"{n_ctx} tokens (no token is longer than {longest} "
                                   "bytes): shorten it", param=param, code="context_length_exceeded")
+
+
+def text_tokens(model, text, add_bos: bool = True, special: bool = False) -> list[int]:
+    """SpecGGUF.tokenize: UTF-8 bytes (or a str) as token ids, as llama_cpp.Llama.tokenize."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise params.RequestError(f"'text' is not valid UTF-8 (byte {exc.start}): send UTF-8 bytes",
+                                      param="text", code="invalid_value") from None
+    elif not isinstance(text, str):
+        raise params.RequestError(f"'text' must be bytes or str (got {type(text).__name__})", param="text",
+                                  code="invalid_type")
+    params.text_value(text, "text")
+    for name, value in (("add_bos", add_bos), ("special", special)):
+        if not isinstance(value, bool):
+            raise params.RequestError(f"{name} must be True or False (got {value!r})", param=name,
+                                      code="invalid_type")
+    return model.tokenize(text, add_special=add_bos, parse_special=special)
+
+
+def token_bytes(model, tokens, prev_tokens=None, special: bool = False) -> bytes:
+    """SpecGGUF.detokenize: the bytes of `tokens`, as llama_cpp.Llama.detokenize (prev_tokens
+    is checked and, as there, changes nothing: each token's piece is read on its own)."""
+    ids = params.token_ids(tokens, "tokens", model.n_vocab)
+    if prev_tokens is not None:  # pieces here do not depend on the text before them
+        params.token_ids(prev_tokens, "prev_tokens", model.n_vocab)
+    out = b"".join(model.token_to_piece(t, special) for t in ids)
+    if ids and ids[0] == model.bos and out.startswith(b" "):
+        out = out[1:]  # as Llama: the space a BOS-led SentencePiece text begins with is dropped
+    return out
