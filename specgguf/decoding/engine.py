@@ -97,7 +97,6 @@ class Engine:
             self._prior = 0.7 if drafter is not None and drafter.kind == "ngram" else 0.6
             self.lengths = LengthController(self.draft_max, prior=self._prior)
             if drafter is not None:
-                drafter.chooser = self.lengths
                 # how far the drafter's confidence can be trusted, as earlier runs measured it
                 if drafter.lookup:
                     self.lengths.calibration = self.profile.load_calibration(self.lengths.calibration)
@@ -108,8 +107,6 @@ class Engine:
                 raise UserError(f"draft_max must be 'auto' or a whole number >= 1 (got {draft_max!r})",
                                 param="draft_max")
             self.draft_max = draft_max
-            if drafter is not None:
-                drafter.chooser = None
             self._fit_verify_width(auto=False)
 
     def _fit_verify_width(self, auto: bool) -> None:
@@ -253,10 +250,6 @@ class Generation:
         generation (or a saved state) did not leave there; False: cancelled."""
         target, drafter, prompt = self.engine.target, self.engine.drafter, self.prompt
         ctx, batch = target.ctx, target.batch
-        if drafter is not None and drafter.supports_lazy:
-            # auto: no draft catch-up in rounds that do not draft (model kind); fixed
-            # lengths keep llama.cpp's eager order, bit for bit
-            drafter.lazy = self.engine.lengths is not None
         t0 = time.perf_counter()
         body = prompt[:-1]
         n_cached = PromptCache.of(target).reuse(body, drafter)
@@ -358,8 +351,11 @@ class Generation:
         timed = lengths is not None and lengths is engine.lengths  # costs from the profile, by depth
         if lengths is not None:
             lengths.reset()
-            if drafter is not None:
-                drafter.chooser = lengths
+        if drafter is not None:
+            # the generation's settings: the length chooser in auto mode (None with a fixed
+            # length), and lazy catch-up (auto only: fixed lengths keep llama.cpp's eager
+            # order, bit for bit)
+            drafter.start(lengths, lazy=engine.lengths is not None)
         clock = time.perf_counter
         batch_view = getattr(ctx, "batch_others", None)  # parallel sequences: the rest of the pass
         if lengths is not None:

@@ -3,6 +3,8 @@ drafter can do from these attributes instead of probing for them.
 
 Per generation and per round the engine calls (docs/loop.md):
 
+    start(chooser, lazy)              a generation starts: its length chooser (auto mode;
+                                      None with a fixed length) and whether catch-up may queue
     resume(n) -> m                    a new generation starts whose first n prompt tokens
                                       this drafter's state already covers (the prompt cache,
                                       docs/loop.md §7): keep the state of the first m <= n
@@ -73,7 +75,7 @@ class Drafter:
     last_confidence: list | None = None
     # drafting is a lookup: free whatever the length (auto asks for max_length, then cuts)
     lookup: bool = False
-    # the engine's LengthController in auto mode, else None (set by the engine)
+    # the generation's LengthController in auto mode, else None (given by start())
     chooser = None
     # the state is built from the target's own passes (layer inputs, hidden states), so the
     # target must decode again whatever the drafter cannot keep (the prompt cache)
@@ -100,6 +102,12 @@ class Drafter:
 
     def describe(self) -> str:
         return self.kind
+
+    def start(self, chooser, lazy: bool = False) -> None:
+        """A generation starts: `chooser` is its tuning.LengthController in auto mode (None with
+        a fixed length); `lazy` allows queued catch-up where the kind supports it."""
+        self.chooser = chooser
+        self.lazy = lazy and self.supports_lazy
 
     def reset(self) -> None:
         pass

@@ -32,13 +32,11 @@ class HybridDrafter(Drafter):
         self.source: str | None = None  # "suffix", "model" or None (no draft), for the last round
         self.rounds = {"suffix": 0, "model": 0}
 
-    @property
-    def lazy(self) -> bool:
-        return self.model.lazy
-
-    @lazy.setter
-    def lazy(self, value: bool) -> None:
-        self.model.lazy = value
+    def start(self, chooser, lazy: bool = False) -> None:
+        """The chooser is the hybrid's (it picks source and length); the model drafts to the
+        length it is given, and may queue its catch-up."""
+        self.chooser = chooser
+        self.model.start(None, lazy)
 
     @property
     def profile_id(self):
