@@ -377,6 +377,13 @@ class SpecGGUF:
         self._check_open()
         return measure_costs(self.target, self.drafter, prompt_tokens, lengths, tokens, repeats)
 
+    def cost_profile(self) -> dict:
+        """The costs auto draft lengths have measured here so far (decoding/measure.py report)."""
+        from .decoding.measure import report
+
+        self._check_open()
+        return report(self.engine.profile)
+
     # -- llama_cpp.Llama-compatible --------------------------------------------------------
     def prepare(self, body: dict, chat: bool) -> Request:
         """Check an OpenAI/Llama-style request (a JSON body or keyword arguments) and tokenize it.

@@ -81,7 +81,10 @@ def parse_origins(value: str) -> list[str]:
               help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
                    "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
                    "'none' sends no CORS headers.")
-def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name, cache_ram, cors_origins, **opts):
+@click.option("--no-webui", "no_webui", is_flag=True,
+              help="Do not serve the chat page at / (it shows each token's origin, tokens/s and acceptance live).")
+def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name, cache_ram, cors_origins, no_webui,
+          **opts):
     """Serve TARGET (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP
     API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
@@ -103,12 +106,13 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
             llm.set_cache_bytes(cache_ram << 20)
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue, workers=parallel,
                                     strict_model_name=strict_model_name,
-                                    cors_origins=origins)
+                                    cors_origins=origins, webui=not no_webui)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"
             slots = f", {parallel} parallel slots" if parallel > 1 else ""
+            page = "" if no_webui else f" ; chat page http://{_url_host(bound_host)}:{bound_port}/"
             click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}{slots}) on "
-                       f"http://{bound_host}:{bound_port}/v1 ; Ctrl-C stops", err=True)
+                       f"http://{_url_host(bound_host)}:{bound_port}/v1{page} ; Ctrl-C stops", err=True)
             config = uvicorn.Config(app, log_level="info" if opts.get("verbose") else "warning",
                                     timeout_graceful_shutdown=5, access_log=bool(opts.get("verbose")))
             try:
@@ -117,3 +121,8 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
                 app.state.scheduler.close()  # the worker must stop before the model is freed
     finally:
         sock.close()
+
+
+def _url_host(host: str) -> str:
+    """A bound address as a URL's host: IPv6 in brackets."""
+    return f"[{host}]" if ":" in host else host

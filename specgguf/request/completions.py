@@ -15,6 +15,7 @@ import uuid
 from typing import Callable, Iterator
 
 from . import logprobs as lp
+from .trace import Trace
 from ..decoding.stats import GenerationStats
 
 
@@ -179,6 +180,7 @@ def chunks(llm, req, cancelled: Callable[[], bool] = lambda: False) -> Iterator[
     n_completion, stats = 0, []
     for index in range(req.n):
         gen, text, rows = _choice(llm, req, index, cancelled)
+        trace = Trace(llm.target.model, gen) if req.trace else None
         try:
             first = shaper.first(index)
             if first is not None:
@@ -198,7 +200,10 @@ def chunks(llm, req, cancelled: Callable[[], bool] = lambda: False) -> Iterator[
                 if rows is not None:  # the tokens whose text this piece releases
                     logprobs = _shape_logprobs(llm, req, rows.rows[sent:len(gen.tokens)], offsets)
                     sent = len(gen.tokens)
-                yield shaper.delta(piece, index, logprobs)
+                chunk = shaper.delta(piece, index, logprobs)
+                if trace is not None:
+                    chunk["specgguf_trace"] = trace.since_last()
+                yield chunk
             if cancelled():
                 return
         finally:
@@ -209,8 +214,11 @@ def chunks(llm, req, cancelled: Callable[[], bool] = lambda: False) -> Iterator[
         if called and reason == "stop":
             reason = "tool_calls"
         if index == req.n - 1 and not req.include_usage:
-            yield shaper.last(reason, len(req.tokens), n_completion, stats_dict(stats), index)
+            last = shaper.last(reason, len(req.tokens), n_completion, stats_dict(stats), index)
         else:
-            yield shaper.finish(reason, index)
+            last = shaper.finish(reason, index)
+        if trace is not None:
+            last["specgguf_trace"] = trace.since_last()
+        yield last
     if req.include_usage:
         yield shaper.usage_chunk(len(req.tokens), n_completion, stats_dict(stats))

@@ -279,12 +279,12 @@ def refuse_unsupported(values: dict) -> None:
 COMPLETION_KEYS = {"prompt", "suffix", "max_tokens", "temperature", "top_p", "min_p", "typical_p", "logprobs",
                    "echo", "stop", "frequency_penalty", "presence_penalty", "repeat_penalty", "top_k", "stream",
                    "seed", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model", "stopping_criteria",
-                   "logits_processor", "grammar", "logit_bias", "n", "best_of", "stream_options"}
+                   "logits_processor", "grammar", "logit_bias", "n", "best_of", "stream_options", "specgguf"}
 CHAT_KEYS = {"messages", "functions", "function_call", "tools", "tool_choice", "temperature", "top_p", "top_k",
              "min_p", "typical_p", "stream", "stop", "seed", "response_format", "max_tokens", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model",
              "logits_processor", "grammar", "logit_bias", "logprobs", "top_logprobs", "n", "stream_options",
-             "max_completion_tokens", "parallel_tool_calls"}
+             "max_completion_tokens", "parallel_tool_calls", "specgguf"}
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 MAX_LOGIT_BIAS = 1 << 16  # entries of logit_bias (OpenAI allows 300; a 262k vocabulary may want more bans)

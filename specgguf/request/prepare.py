@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import constraints, params
 from .tools import ToolSet
+from .trace import trace_option
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Request:
     prompt_text: str = ""  # completions: the prompt as text (echo, logprobs' text_offset)
     grammar: str | None = None  # GBNF the output follows (grammar, response_format, a forced tool call)
     tools: ToolSet | None = None  # chat: the request's tools, whose calls are parsed from the output
+    trace: bool = False  # specgguf's stream extension (request/trace.py)
 
 
 def prepare(llm, body: dict, chat: bool) -> Request:
@@ -71,7 +73,7 @@ def prepare(llm, body: dict, chat: bool) -> Request:
         prompt = params.prompt_value(body.get("prompt"))
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
     return Request(tokens, budget, stop, sampling, chat, stream, model, prompt_text=prompt_text, grammar=grammar,
-                   tools=toolset, **extras)
+                   tools=toolset, trace=trace_option(body, stream), **extras)
 
 
 def structure(llm, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..errors import RequestError, UserError
+from . import webpage
 from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 
@@ -104,7 +105,8 @@ def _nesting(value) -> int:
 
 
 def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
-               cors_origins=("*",), strict_model_name: bool = False, workers: int | None = None) -> Starlette:
+               cors_origins=("*",), strict_model_name: bool = False, workers: int | None = None,
+               webui: bool = True) -> Starlette:
     """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use).
 
     A request may name any model: most OpenAI clients send a fixed name (`gpt-4o-mini`, or
@@ -113,7 +115,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
 
     cors_origins: the browser origins allowed to call it (CORS, preflight included); "*", the
     default as in llama-cpp-python's server, allows every origin; empty: no CORS headers.
-    workers: requests generated at once (default: the model's parallel slots, llm.n_parallel)."""
+    workers: requests generated at once (default: the model's parallel slots, llm.n_parallel).
+    webui: serve the chat page at / (server/webpage.py)."""
     model_id = model_id or llm.model_name
     scheduler = Scheduler(max_waiting, workers or llm.n_parallel)
 
@@ -236,6 +239,10 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         text = await off_loop(lambda: llm.detokenize(tokens).decode("utf-8", "replace"))
         return JSONResponse({"text": text})
 
+    async def profile(request: Request):
+        """The cost profile auto draft lengths have measured so far (the chat page's cost curve)."""
+        return JSONResponse(await off_loop(llm.cost_profile))
+
     async def metrics_text(request: Request):
         return PlainTextResponse(metrics.render(queue_status()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -252,7 +259,10 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         Route("/extras/tokenize/count", extras_tokenize, methods=["POST"]),
         Route("/extras/detokenize", extras_detokenize, methods=["POST"]),
         Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/specgguf/profile", profile, methods=["GET"]),
     ]
+    if webui:
+        routes += webpage.routes()
     handlers = {RequestError: _request_error, UserError: _user_error, QueueFull: _queue_full, HTTPException: _http_error,
                 RecursionError: _too_deep, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
