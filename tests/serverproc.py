@@ -34,7 +34,9 @@ class ServerProcess:
 @contextmanager
 def start_server(*args, timeout: float = 180.0, env: dict | None = None):
     """Yield a ServerProcess for `specgguf serve *args --port 0`; SIGINT (Ctrl-C) at the end."""
-    cmd = [sys.executable, "-m", "specgguf", "serve", *map(str, args), "--host", "127.0.0.1", "--port", "0"]
+    args = [*map(str, args)]
+    host = [] if "--host" in args else ["--host", "127.0.0.1"]  # a test of other addresses names its own
+    cmd = [sys.executable, "-m", "specgguf", "serve", *args, *host, "--port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, **(env or {})))
     log: list[str] = []

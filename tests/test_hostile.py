@@ -19,8 +19,10 @@ import time
 
 import pytest
 
+from conftest import run_cli
 from serverproc import start_server
 from test_server import health, raw
+from test_server_access import request_as
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -405,6 +407,72 @@ def test_health_stays_fast_while_heavy_work_runs(server):
         # sample in 20 may pass 100 ms, none 500 ms
         slow = [x for x in latencies if x >= 0.1]
         assert len(slow) <= max(1, len(latencies) // 20) and max(latencies) < 0.5, (path, sorted(latencies)[-5:])
+
+
+# -- headers a web page's attack sends (issue 47): each refused with 403 and the option that admits it --
+
+HEADER_CASES = [
+    ("rebinding_host", "GET", "/v1/models", {"Host": "attacker.example:{port}"}, "host_not_allowed"),
+    ("rebinding_host_post", "POST", "/v1/chat/completions", {"Host": "attacker.example"}, "host_not_allowed"),
+    ("empty_host", "GET", "/v1/models", {"Host": ""}, "host_not_allowed"),
+    ("port_only_host", "GET", "/v1/models", {"Host": ":{port}"}, "host_not_allowed"),
+    ("unclosed_ipv6_host", "GET", "/health", {"Host": "[::1:{port}"}, "host_not_allowed"),
+    ("bare_ipv6_host", "GET", "/", {"Host": "::1"}, "host_not_allowed"),
+    ("bad_port_host", "GET", "/v1/models", {"Host": "localhost:0x50"}, "host_not_allowed"),
+    ("huge_port_host", "GET", "/v1/models", {"Host": "localhost:123456"}, "host_not_allowed"),
+    ("space_host", "GET", "/v1/models", {"Host": "local host"}, "host_not_allowed"),
+    ("unicode_host", "GET", "/v1/models", {"Host": "l\xf6calhost"}, "host_not_allowed"),
+    ("localhost_prefix_host", "GET", "/v1/models", {"Host": "localhost.attacker.example"}, "host_not_allowed"),
+    ("short_ipv4_host", "GET", "/v1/models", {"Host": "127.1"}, "host_not_allowed"),
+    ("evil_origin", "POST", "/v1/completions", {"Origin": "https://evil.example"}, "origin_not_allowed"),
+    ("evil_origin_get", "GET", "/v1/models", {"Origin": "http://attacker.example:{port}"}, "origin_not_allowed"),
+    ("evil_preflight", "OPTIONS", "/v1/chat/completions", {"Origin": "https://evil.example",
+                                                           "Access-Control-Request-Method": "POST"},
+     "origin_not_allowed"),
+    ("evil_pna_preflight", "OPTIONS", "/v1/models", {"Origin": "https://evil.example",
+                                                     "Access-Control-Request-Method": "GET",
+                                                     "Access-Control-Request-Private-Network": "true"},
+     "origin_not_allowed"),
+    ("null_origin", "POST", "/v1/completions", {"Origin": "null"}, "origin_not_allowed"),
+    ("garbage_origin", "POST", "/v1/completions", {"Origin": "not an origin"}, "origin_not_allowed"),
+    ("lookalike_origin", "POST", "/v1/completions", {"Origin": "http://localhost.evil.example"},
+     "origin_not_allowed"),
+    ("other_port_same_name_origin", "POST", "/v1/completions", {"Origin": "http://attacker.example"},
+     "origin_not_allowed"),
+]
+
+
+def test_hostile_headers(server):
+    wrong = []
+    for cid, method, path, headers, code in HEADER_CASES:
+        headers = {k: v.format(port=server.port) for k, v in headers.items()}
+        status, got, body = request_as(server, method, path, headers, {"prompt": "hi"} if method == "POST" else None)
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        if status != 403 or err.get("code") != code or "specgguf serve --" not in err.get("message", ""):
+            wrong.append(f"{cid}: {status} {str(body)[:200]}")
+        elif any(h.lower().startswith("access-control-") for h in got):
+            wrong.append(f"{cid}: CORS headers on a refusal")
+    assert server.alive() and not wrong, "\n".join(wrong)
+
+
+OPTION_CASES = [
+    (["--cors-origins", "localhost:3000"], "--cors-origins"),
+    (["--cors-origins", ""], "--cors-origins"),
+    (["--cors-origins", "*,https://a.example"], "--cors-origins"),
+    (["--cors-origins", "https://a.example/path"], "--cors-origins"),
+    (["--allowed-hosts", "proxy.example:8080"], "--allowed-hosts"),
+    (["--allowed-hosts", "http://proxy.example"], "--allowed-hosts"),
+    (["--allowed-hosts", ","], "--allowed-hosts"),
+    (["--allowed-hosts", "*,proxy.example"], "--allowed-hosts"),
+    (["--allowed-hosts", "bad name"], "--allowed-hosts"),
+]
+
+
+@pytest.mark.parametrize("args, option", OPTION_CASES, ids=[" ".join(a) for a, _ in OPTION_CASES])
+def test_bad_access_options_are_one_line(qwen3_target, args, option):
+    bad = run_cli("serve", qwen3_target, *args, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith(f"error: {option}"), bad.stderr
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
 # -- the Python API ------------------------------------------------------------------------------

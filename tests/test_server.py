@@ -232,7 +232,7 @@ def test_disconnect_cancels_generation(gemma_ngram):
     # a non-streamed request whose client leaves while it runs
     sock = socket.create_connection(("127.0.0.1", gemma_ngram.port))
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     time.sleep(1.0)
     sock.close()
@@ -412,11 +412,12 @@ def test_qwen3_model_draft_equals_api_and_cli(qwen_keyed, qwen3_target, qwen3_dr
 @pytest.mark.parametrize("auth", [None, "Bearer wrong-key", "Basic " + KEY, KEY])
 def test_wrong_api_key(qwen_keyed, auth):
     headers = {"Authorization": auth} if auth else {}
-    for method, path, body in (("GET", "/v1/models", None), ("GET", "/health", None),
+    for method, path, body in (("GET", "/v1/models", None), ("GET", "/metrics", None),
                                ("POST", "/v1/completions", {"prompt": "hi"})):
         status, _, payload = raw(qwen_keyed, method, path, body, headers)
         assert status == 401, payload
         assert_openai_error(payload, code="invalid_api_key")
+    assert raw(qwen_keyed, "GET", "/health", None, headers)[0] == 200  # open, for a process manager's probe
     with pytest.raises(openai.AuthenticationError):
         client(qwen_keyed, "wrong-key").models.list()
 
@@ -432,7 +433,7 @@ def test_cors_with_an_api_key_and_a_fixed_origin(qwen3_target):
         assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
         status, headers, _ = raw(server, "OPTIONS", "/v1/completions", None,
                                  {**preflight, "Origin": "https://evil.example.com"})
-        assert status == 400 and "Access-Control-Allow-Origin" not in headers
+        assert status == 403 and "Access-Control-Allow-Origin" not in headers
         status, headers, body = raw(server, "POST", "/v1/completions", {"prompt": "hi"}, {"Origin": origin})
         assert status == 401 and headers["Access-Control-Allow-Origin"] == origin
         assert_openai_error(body, code="invalid_api_key")

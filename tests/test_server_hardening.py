@@ -51,7 +51,7 @@ def test_bad_bodies_get_400(server, name):
 def test_client_that_hangs_up_while_sending_its_body(server):
     for _ in range(3):
         sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 4000\r\n\r\n{\"prompt\": \"hel")
         time.sleep(0.2)
         sock.close()
@@ -73,7 +73,7 @@ def test_ctrl_c_during_a_long_prefill_stops_cleanly(tmp_path):
     with start_server(target, "--ctx", 8192) as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port))
         body = ('{"prompt": "' + "alpha beta gamma " * 2000 + '", "max_tokens": 500}').encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(1.0)  # the worker is prefilling or generating now
         t0 = time.monotonic()

@@ -6,7 +6,7 @@ HTTP libraries load only when the command runs, and their absence is one `error:
 
 from __future__ import annotations
 
-import re
+import ipaddress
 import socket
 
 import click
@@ -21,7 +21,7 @@ def _server_modules():
     try:
         import uvicorn
 
-        from .. import server
+        from ..server import app as server
     except ImportError as exc:
         raise UserError(f"`specgguf serve` needs the server extra ({exc.name} is missing): {EXTRA_HINT}") from None
     return uvicorn, server
@@ -38,20 +38,6 @@ def _bind(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port or --host") from None
     sock.listen(128)
     return sock
-
-
-def parse_origins(value: str) -> list[str]:
-    """--cors-origins: '*', 'none', or origins like https://app.example.com[:port], comma-separated."""
-    if value.strip().lower() == "none":
-        return []
-    origins = [o.strip().rstrip("/") for o in value.split(",") if o.strip()]
-    if not origins:
-        raise UserError("--cors-origins is empty: give '*', 'none' or origins like http://localhost:3000")
-    for o in origins:
-        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
-            raise UserError(f"--cors-origins: {o!r} is not an origin: write scheme://host[:port], "
-                            "like http://localhost:3000 (or '*' for all)")
-    return origins
 
 
 @click.command()
@@ -77,14 +63,18 @@ def parse_origins(value: str) -> list[str]:
                    "clients alternating between long prompts (documents, system prompts) are not "
                    "re-read (0: keep only the live contexts, which every request reuses). Default 2048; "
                    "with --parallel > 1 the slots share it (a state saved by one loads into any).")
-@click.option("--cors-origins", default="*", show_default=True,
-              help="Browser origins allowed to call the server (CORS), comma-separated, e.g. "
-                   "'http://localhost:3000'; '*' allows every origin (as llama-cpp-python's server); "
-                   "'none' sends no CORS headers.")
+@click.option("--allowed-hosts", default=None, metavar="NAMES",
+              help="Host names requests may use beyond IP addresses and localhost (comma-separated, "
+                   "*.example.com for sub-names), e.g. a reverse proxy's name; '*' turns the Host check off.")
+@click.option("--cors-origins", default=None, metavar="ORIGINS",
+              help="Web apps' origins allowed to call the server (CORS), comma-separated, e.g. "
+                   "'https://app.example.com', added to the default: the server's own page and local tools "
+                   "(http://localhost:*, 127.0.0.1, [::1]). '*': every origin, without credentials; "
+                   "'none': the server's own page only.")
 @click.option("--no-webui", "no_webui", is_flag=True,
               help="Do not serve the chat page at / (it shows each token's origin, tokens/s and acceptance live).")
-def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name, cache_ram, cors_origins, no_webui,
-          **opts):
+def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name, cache_ram, allowed_hosts, cors_origins,
+          no_webui, **opts):
     """Serve TARGET (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP
     API (/v1/completions, /v1/chat/completions)."""
     if not 0 <= port <= 65535:
@@ -98,7 +88,7 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
     cache_ram = 2048 if cache_ram is None else cache_ram
     if not 0 <= cache_ram <= 1 << 30:
         raise UserError(f"--cache-ram must be a number of MiB >= 0 (got {cache_ram})")
-    origins = parse_origins(cors_origins)
+    access = _access_rules(allowed_hosts, cors_origins)
     uvicorn, server = _server_modules()
     sock = _bind(host, port)
     try:
@@ -106,13 +96,16 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
             llm.set_cache_bytes(cache_ram << 20)
             app = server.create_app(llm, model_id=model_id, api_key=api_key, max_waiting=max_queue, workers=parallel,
                                     strict_model_name=strict_model_name,
-                                    cors_origins=origins, webui=not no_webui)
+                                    access=access, webui=not no_webui)
             bound_host, bound_port = sock.getsockname()[:2]
             draft = llm.drafter.describe() if llm.drafter is not None else "none (plain decoding)"
             slots = f", {parallel} parallel slots" if parallel > 1 else ""
             page = "" if no_webui else f" ; chat page http://{_url_host(bound_host)}:{bound_port}/"
             click.echo(f"specgguf: serving {model_id or llm.model_name} (draft: {draft}{slots}) on "
                        f"http://{_url_host(bound_host)}:{bound_port}/v1{page} ; Ctrl-C stops", err=True)
+            if not api_key and not _loopback(bound_host):
+                click.echo(f"specgguf: warning: listening on {bound_host} without --api-key: anyone who can reach "
+                           f"this machine on port {bound_port} can use the model; set --api-key KEY", err=True)
             config = uvicorn.Config(app, log_level="info" if opts.get("verbose") else "warning",
                                     timeout_graceful_shutdown=5, access_log=bool(opts.get("verbose")))
             try:
@@ -121,6 +114,20 @@ def serve(host, port, api_key, parallel, max_queue, model_id, strict_model_name,
                 app.state.scheduler.close()  # the worker must stop before the model is freed
     finally:
         sock.close()
+
+
+def _access_rules(allowed_hosts, cors_origins):
+    from ..server.access import AccessRules, parse_allowed_hosts, parse_cors_origins
+
+    mode, origins = parse_cors_origins(cors_origins)
+    return AccessRules(allowed_hosts=parse_allowed_hosts(allowed_hosts), cors=mode, origins=origins)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _url_host(host: str) -> str:

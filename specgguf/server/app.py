@@ -18,12 +18,12 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..errors import RequestError, UserError
 from . import webpage
+from .access import AccessMiddleware, AccessRules
 from .metrics import Metrics
 from .worker import QueueFull, Scheduler
 
@@ -39,14 +39,16 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 class _ApiKey:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` (401 if not).
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` (401 if not),
+    compared in constant time; `/health` and the chat page's static files stay open (a browser
+    cannot send a key with a page load; the page asks for the key on its first 401).
     Pure ASGI (not BaseHTTPMiddleware) so that streaming responses and disconnects pass through."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not self._open(scope):
             auth = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, given = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
@@ -54,6 +56,12 @@ class _ApiKey:
                                            "given to `specgguf serve --api-key`", code="invalid_api_key")
                 return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    def _open(self, scope) -> bool:
+        path = scope["path"]
+        if scope["method"] not in ("GET", "HEAD"):
+            return False
+        return path in ("/health", "/") or (path.startswith("/webui/") and "/" not in path[len("/webui/"):])
 
 
 async def _json_body(request: Request) -> dict:
@@ -105,7 +113,7 @@ def _nesting(value) -> int:
 
 
 def create_app(llm, model_id: str | None = None, api_key: str | None = None, max_waiting: int = 64,
-               cors_origins=("*",), strict_model_name: bool = False, workers: int | None = None,
+               access: AccessRules | None = None, strict_model_name: bool = False, workers: int | None = None,
                webui: bool = True) -> Starlette:
     """The ASGI app serving `llm`; its scheduler is `app.state.scheduler` (close it after use).
 
@@ -113,8 +121,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     whatever the app was written for), so the one model answers, under its real name, as
     llama-server and llama-cpp-python's server do. strict_model_name: 404 for any other name.
 
-    cors_origins: the browser origins allowed to call it (CORS, preflight included); "*", the
-    default as in llama-cpp-python's server, allows every origin; empty: no CORS headers.
+    access: which Host names and browser origins get in (server/access.py); the default admits
+    IP literals and localhost as Host, and the user's own local tools and the page as origins.
     workers: requests generated at once (default: the model's parallel slots, llm.n_parallel).
     webui: serve the chat page at / (server/webpage.py)."""
     model_id = model_id or llm.model_name
@@ -268,10 +276,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     app = Starlette(routes=routes, exception_handlers=handlers)
     if api_key:
         app.add_middleware(_ApiKey, key=api_key)
-    if cors_origins:  # added last, so outermost: a preflight is answered before the key check
-        origins = list(cors_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["Retry-After"])
+    # added last, so outermost: a bad Host or Origin is refused, and a preflight answered, before the key check
+    app.add_middleware(AccessMiddleware, rules=access or AccessRules())
     app.state.scheduler, app.state.metrics = scheduler, metrics
     return app
 
