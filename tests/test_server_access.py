@@ -7,8 +7,6 @@ corpus (test_hostile.py, HEADER_CASES).
 
 from __future__ import annotations
 
-import http.client
-import json
 import socket
 import time
 
@@ -17,29 +15,16 @@ import pytest
 
 from conftest import run_cli
 from serverproc import start_server
+from test_server import raw
 
 EVIL = "https://evil.example"
 KEY = "sk-access-test"
 
 
 def request_as(server, method: str, path: str, headers: dict, body=None):
-    """(status, headers, JSON body or None) of a request whose Host header is headers["Host"]
-    (sent verbatim, empty included) or the real address when absent."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-    headers = {"Host": f"127.0.0.1:{server.port}", **headers}
-    data = json.dumps(body).encode() if body is not None else None
-    if data is not None:
-        headers.update({"Content-Type": "application/json", "Content-Length": str(len(data))})
-    for name, value in headers.items():
-        conn.putheader(name, value)
-    conn.endheaders(data)
-    resp = conn.getresponse()
-    payload = resp.read()
-    conn.close()
-    if resp.headers.get("Content-Type", "").startswith("application/json"):
-        payload = json.loads(payload)
-    return resp.status, resp.headers, payload or None
+    """test_server.raw with the Host header sent as headers["Host"] (verbatim, empty included;
+    http.client then adds none) or the real address when absent."""
+    return raw(server, method, path, body, {"Host": f"127.0.0.1:{server.port}", **headers})
 
 
 def raw_bytes(server, request: bytes) -> bytes:

@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ..errors import RequestError, UserError
 
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -78,7 +78,7 @@ class AccessRules:
         scheme, netloc = normalized.split("://", 1)
         if scheme in ("http", "https") and netloc == host_header.lower():
             return "", False
-        if self.cors == "local" and scheme in ("http", "https") and _hostname(netloc) in LOOPBACK_ORIGIN_HOSTS:
+        if self.cors == "local" and scheme in ("http", "https") and split_host(netloc) in LOOPBACK_ORIGIN_HOSTS:
             return origin, False
         return None
 
@@ -106,12 +106,6 @@ def split_host(value: str) -> str | None:
     if rest and not (rest[0] == ":" and rest[1:].isdigit() and len(rest) <= 6 and int(rest[1:]) <= 65535):
         return None
     return name
-
-
-def _hostname(netloc: str) -> str:
-    if netloc.startswith("["):
-        return netloc[: netloc.find("]") + 1]
-    return netloc.partition(":")[0]
 
 
 def normalize_origin(origin: str) -> str | None:
@@ -166,8 +160,7 @@ def parse_cors_origins(value: str | None) -> tuple[str, tuple[str, ...]]:
 
 
 def _refusal(status: int, message: str, code: str) -> tuple[dict, bytes]:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+    body = json.dumps(RequestError(message, code=code, status=status).to_dict()).encode()  # OpenAI's error shape
     start = {"type": "http.response.start", "status": status,
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     return start, body
