@@ -90,17 +90,11 @@ class SpecGGUF:
         timing (docs/loop.md §2.4); implied for every generation given a seed, and for all of
         them when this constructor is given one.
         batch_invariant: verify batches compute, bit for bit, the logits one-token decoding
-        computes, so greedy output is plain greedy output and a seeded `coupled` sample is plain
-        sampling's, whatever the drafter (docs/machines.md, "Batch invariance"): ggml's reference
-        CPU kernels, flash attention on (whatever flash_attn says: the mode needs it), no repacked
-        weights, and no verify batch wider than the width measured on this target at load (once
-        per model, a few seconds; cached). CPU only; it costs speed (README).
+        computes, whatever the drafter (docs/machines.md, "Batch invariance"): reference CPU
+        kernels, flash attention on, and verify batches no wider than measured at load. CPU only.
         n_parallel: generations that run at once, from any threads, in one context (one target
-        pass per round for all of them: decoding/sharedctx.py, decoding/slots.py), each with n_ctx tokens of its own
-        and its own prompt cache; more wait for a free slot. Every draft kind: a draft model is
-        loaded once for all slots (a plain one drafts in one context for all of them, and drafts
-        asked for at once share a pass; eagle3, dflash, dspark and mtp keep a context per
-        slot)."""
+        pass per round for all: decoding/slots.py), each with n_ctx tokens and a prompt cache of
+        its own; more wait for a free slot. Every draft kind (docs/loop.md §9)."""
         self._loaded = self.drafter = self.target = self.engine = None
         target, self._seed = llamaargs.check_init(target, model_path, draft, draft_max, draft_kind, draft_p_min,
                                                   n_threads_batch, n_batch, seed, verbose, chat_format,
@@ -292,7 +286,7 @@ class SpecGGUF:
     def stream_tokens(self, prompt_tokens: list[int], max_tokens: int = 256, stop=None,
                       sampling: "dict | SamplingParams | None" = None, speculate: bool = True,
                       cancelled: Callable[[], bool] | None = None, grammar: str | None = None,
-                      on_verified=None, trace=None):
+                      on_verified=None, trace=None, prediction: list[int] | None = None):
         """(generation, text chunks iterator) for already tokenized input: the one way every
         front end (CLI, chat, profile, server) runs a generation.
 
@@ -302,13 +296,16 @@ class SpecGGUF:
         thread); when it says yes the generation ends with finish_reason "cancelled".
         grammar: GBNF text the output must follow (constraints.py), or None.
         on_verified(ctx, ids): called once a round with the committed ids (request/logprobs.py);
-        trace: a decoding.trace.RoundTrace that times every round's phases.
+        trace: a decoding.trace.RoundTrace that times every round's phases. prediction: tokens
+        the output is expected to repeat (Predicted Outputs), drafted from when they fit.
         """
         self._check_open()
+        if prediction and not speculate:
+            raise UserError("a prediction is a draft: it needs speculate=True", param="prediction")
         stop = params.stop_strings(stop)  # checked once, here: every front end passes through
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
         stops = StopStrings(self.target.model, stop)
-        hooks = dict(on_verified=on_verified, draft_limit=stops.draft_limit, trace=trace)
+        hooks = dict(on_verified=on_verified, draft_limit=stops.draft_limit, trace=trace, prediction=prediction)
         if self._pool is not None:  # the free slot whose cache holds most of the prompt
             engines = self._pool.engines if speculate else \
                 self._pool.plain_engines(lambda slot: Engine(slot, None, 1))
@@ -334,14 +331,16 @@ class SpecGGUF:
         if self.target is None:
             raise params.RequestError("this SpecGGUF is closed: create a new one to generate again")
 
-    def stream(self, prompt, max_tokens: int = 256, stop=None, grammar=None, **sampling) -> Iterator[Chunk]:
+    def stream(self, prompt, max_tokens: int = 256, stop=None, grammar=None, prediction=None,
+               **sampling) -> Iterator[Chunk]:
         """Yield `Chunk`s as text is verified; the last one carries finish_reason, tokens and stats.
 
         prompt: text or token ids. Leaving the loop early stops the generation.
         grammar: GBNF text or a llama_cpp.LlamaGrammar the output must follow.
+        prediction: text the output is expected to repeat (the file being edited): drafted from
+        wherever the output follows it, by whatever drafter (none included); output unchanged.
         """
-        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, stop,
-                                       params.sampling_fields(sampling), grammar=self._grammar(grammar))
+        gen, text = self._start(prompt, max_tokens, stop, grammar, prediction, sampling)
         try:
             for piece in text:
                 yield Chunk(piece)
@@ -349,12 +348,16 @@ class SpecGGUF:
         finally:
             gen.close("cancelled")  # no-op when it already finished
 
-    def generate(self, prompt, max_tokens: int = 256, stop=None, grammar=None, **sampling) -> Result:
-        """Generate a completion of `prompt` (text or token ids) and return it whole (grammar: as stream's)."""
-        gen, text = self.stream_tokens(self._prompt_tokens(prompt), max_tokens, stop,
-                                       params.sampling_fields(sampling), grammar=self._grammar(grammar))
+    def generate(self, prompt, max_tokens: int = 256, stop=None, grammar=None, prediction=None, **sampling) -> Result:
+        """Generate a completion of `prompt` (text or token ids) and return it whole (grammar,
+        prediction: as stream's)."""
+        gen, text = self._start(prompt, max_tokens, stop, grammar, prediction, sampling)
         out = "".join(text)
         return Result(out, list(gen.tokens), gen.finish_reason or "stop", gen.stats)
+
+    def _start(self, prompt, max_tokens, stop, grammar, prediction, sampling):
+        return self.stream_tokens(self._prompt_tokens(prompt), max_tokens, stop, params.sampling_fields(sampling),
+                                  grammar=self._grammar(grammar), prediction=preparing.prediction_tokens(self, prediction))
 
     def _grammar(self, grammar) -> str | None:
         """Checked GBNF text of `grammar` (None: none)."""

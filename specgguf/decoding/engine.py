@@ -131,7 +131,7 @@ class Engine:
                  sampling: SamplingParams | None = None, cancelled=None, grammar: str | None = None,
                  **hooks) -> "Generation":
         """grammar: GBNF text the output must follow (constraints.py), or None. hooks:
-        Generation's on_verified, draft_limit and trace."""
+        Generation's on_verified, draft_limit, trace and prediction."""
         n_ctx = self.target.n_ctx
         if not prompt_tokens:
             raise UserError("the prompt is empty: give some text", param="prompt")
@@ -191,14 +191,20 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None,
-                 cancelled=None, grammar: str | None = None, on_verified=None, draft_limit=None, trace=None):
+                 cancelled=None, grammar: str | None = None, on_verified=None, draft_limit=None, trace=None,
+                 prediction: list[int] | None = None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
+        # Predicted Outputs: tokens the output is expected to repeat, drafted from in front of
+        # the engine's drafter (drafters/prediction.py); None: none given
+        self.prediction = None if not prediction else list(prediction)
         self.grammar, self.constraint = grammar, None  # the constraint is built when the run starts
         self.cancelled = cancelled or (lambda: False)
         # None: plain greedy, the hot path that touches no probability vector at all
         plain = sampling is None or (sampling.greedy and not sampling.penalized and not sampling.logit_bias)
         self.sampler = None if plain else Sampler(sampling)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
+        if self.prediction is not None:
+            self.stats.prediction = {"tokens": len(self.prediction), "rounds": 0, "drafted": 0, "accepted": 0}
         self._seeded = sampling is not None and sampling.seed is not None
         self._bind(engine)
         # (pool, engines): the engine is chosen among these, one per slot, when the run starts
@@ -224,12 +230,17 @@ class Generation:
         """Run on `engine`: its drafter, and its length chooser (deterministic when asked for
         or when a seed is given: Engine's doc)."""
         self.engine = engine
-        self._drafter_samples = self.sampler is not None and engine.drafter is not None \
-            and engine.drafter.samples
+        # the loop's drafter: the engine's, behind the request's prediction when there is one
+        self.drafter = engine.drafter
+        if self.prediction is not None:
+            from ..drafters.prediction import PredictionDrafter
+
+            self.drafter = PredictionDrafter(self.prediction, engine.drafter, getattr(engine.target, "verify_width", None))
+        self._drafter_samples = self.sampler is not None and self.drafter is not None and self.drafter.samples
         self.lengths = engine.lengths
         if self.lengths is not None and (engine.deterministic or self._seeded):
             self.lengths = engine.fixed_lengths()
-        self.stats.lengths = ("none" if engine.drafter is None else "fixed" if engine.lengths is None
+        self.stats.lengths = ("none" if self.drafter is None else "fixed" if engine.lengths is None
                               else "auto" if self.lengths is engine.lengths else "deterministic")
         self.stats.verify_width = getattr(engine.target, "verify_width", None)
 
@@ -248,11 +259,11 @@ class Generation:
     def _prefill(self) -> bool:
         """Put the prompt minus its last token into the caches, reading only what the last
         generation (or a saved state) did not leave there; False: cancelled."""
-        target, drafter, prompt = self.engine.target, self.engine.drafter, self.prompt
+        target, drafter, prompt = self.engine.target, self.drafter, self.prompt
         ctx, batch = target.ctx, target.batch
         t0 = time.perf_counter()
         body = prompt[:-1]
-        n_cached = PromptCache.of(target).reuse(body, drafter)
+        n_cached = PromptCache.of(target).reuse(body, self.engine.drafter)  # the state is the engine's drafter's
         self.stats.cached_tokens = n_cached
         self._synced = body[:n_cached]
         for start in range(n_cached, len(body), ctx.n_batch):
@@ -273,7 +284,7 @@ class Generation:
 
     def _draft(self, history, id_last: int, pos0: int, n_max: int):
         """(draft tokens, their q vectors or None = point masses), cut to this round's cap."""
-        drafter, sampler = self.engine.drafter, self.sampler
+        drafter, sampler = self.drafter, self.sampler
         if not self._drafter_samples:
             return drafter.draft(history, id_last, pos0, n_max)[:n_max], None
         draft = drafter.draft(history, id_last, pos0, n_max, sampler=sampler)[:n_max]
@@ -345,7 +356,7 @@ class Generation:
 
     def _rounds(self) -> Iterator[int]:
         engine, stats = self.engine, self.stats
-        target, drafter = engine.target, engine.drafter
+        target, drafter = engine.target, self.drafter
         ctx, batch, model = target.ctx, target.batch, target.model
         lengths = self.lengths
         timed = lengths is not None and lengths is engine.lengths  # costs from the profile, by depth
@@ -457,7 +468,7 @@ class Generation:
                 t3 = clock()
                 stats.draft_s += (t1 - t0) + (t3 - t2)
                 stats.verify_s += t2 - t1
-                stats.record_round(len(draft), k)
+                stats.record_round(len(draft), k, drafter is not None and drafter.source == "prediction")
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost

@@ -29,6 +29,9 @@ class GenerationStats:
     # the batch-invariant mode (runtime/invariance.py): None when off; else the widest verify
     # batch measured to compute one-token decoding's logits, which no round exceeded
     verify_width: int | None = None
+    # Predicted Outputs (drafters/prediction.py): None without a prediction; else the rounds
+    # that drafted from it, their draft tokens and how many of those the target accepted
+    prediction: dict | None = None
 
     @property
     def batch_invariant(self) -> bool:
@@ -40,7 +43,11 @@ class GenerationStats:
         """The draft lengths, hence the verify batches, depend only on the tokens and the seed."""
         return self.lengths != "auto"
 
-    def record_round(self, n_drafted: int, n_accepted: int) -> None:
+    def record_round(self, n_drafted: int, n_accepted: int, predicted: bool = False) -> None:
+        """One verify pass; `predicted`: its draft came from the request's prediction."""
+        if predicted:
+            p = self.prediction
+            p["rounds"], p["drafted"], p["accepted"] = p["rounds"] + 1, p["drafted"] + n_drafted, p["accepted"] + n_accepted
         self.rounds += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
@@ -96,6 +103,7 @@ class GenerationStats:
             "deterministic": self.deterministic,
             "batch_invariant": self.batch_invariant,
             "verify_width": self.verify_width,
+            "prediction": None if self.prediction is None else dict(self.prediction),
         }
 
     def summary(self) -> str:
@@ -104,6 +112,9 @@ class GenerationStats:
         if self.drafted:
             line += (f", {self.accepted}/{self.drafted} drafts accepted ({100 * self.acceptance_rate:.0f}%), "
                      f"tau {self.tau:.2f}")
+        if self.prediction is not None:
+            p = self.prediction
+            line += f"; {p['accepted']}/{p['drafted']} prediction tokens accepted in {p['rounds']} rounds"
         cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
         line += f"; prompt {self.prompt_tokens} tokens{cached} in {self.prefill_s:.2f} s"
         line += f"; seed {self.seed}" if self.seed is not None else ""

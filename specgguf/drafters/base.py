@@ -82,6 +82,8 @@ class Drafter:
     reads_target: bool = False
     # the drafters.model.SharedDraft its model is borrowed from (slots of a parallel target)
     shared_draft = None
+    # a drafter with several sources (hybrid.py, prediction.py): the one the last draft came from
+    source: str | None = None
 
     # reads the target's layer inputs (eagle3, dflash, dspark): the target's passes extract
     # them, so verify costs follow a curve of their own (the cost profile keys on it)

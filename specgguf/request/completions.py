@@ -35,11 +35,18 @@ class Shaper:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     @staticmethod
-    def usage(n_prompt: int, n_completion: int, n_cached: int = 0) -> dict:
+    def usage(n_prompt: int, n_completion: int, stats: dict) -> dict:
         """OpenAI's usage; prompt_tokens_details.cached_tokens: the prompt tokens the prompt
-        cache already held (decoding/promptcache.py), read again by no pass."""
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion, "prompt_tokens_details": {"cached_tokens": n_cached}}
+        cache already held (decoding/promptcache.py), read again by no pass. With a prediction,
+        completion_tokens_details: its drafted tokens the target accepted and refused
+        (docs/server.md, Predicted Outputs)."""
+        out = {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion,
+               "prompt_tokens_details": {"cached_tokens": stats["cached_tokens"]}}
+        p = stats.get("prediction")
+        if p is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": 0, "accepted_prediction_tokens": p["accepted"],
+                                                "rejected_prediction_tokens": p["drafted"] - p["accepted"]}
+        return out
 
     def choice(self, index: int, text: str, finish_reason: str, logprobs: dict | None = None,
                tool_calls: list[dict] | None = None) -> dict:
@@ -53,7 +60,7 @@ class Shaper:
     def full(self, choices: list[dict], n_prompt: int, n_completion: int, stats: dict) -> dict:
         out = self._head("chat.completion" if self.chat else "text_completion")
         out["choices"] = choices
-        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
+        out["usage"] = self.usage(n_prompt, n_completion, stats)
         out["specgguf"] = stats
         return out
 
@@ -76,7 +83,7 @@ class Shaper:
     def last(self, finish_reason: str, n_prompt: int, n_completion: int, stats: dict, index: int = 0) -> dict:
         """The last choice's finishing chunk, with the usage and stats (no include_usage)."""
         out = self.finish(finish_reason, index)
-        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
+        out["usage"] = self.usage(n_prompt, n_completion, stats)
         out["specgguf"] = stats
         return out
 
@@ -84,7 +91,7 @@ class Shaper:
         """OpenAI's separate final chunk for stream_options.include_usage: no choices, the usage."""
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         out["choices"] = []
-        out["usage"] = self.usage(n_prompt, n_completion, stats["cached_tokens"])
+        out["usage"] = self.usage(n_prompt, n_completion, stats)
         out["specgguf"] = stats
         return out
 
@@ -122,6 +129,8 @@ def stats_dict(all_stats: list[GenerationStats]) -> dict:
         m.verify_s += s.verify_s
         m.decode_s += s.decode_s
         m.draft_lengths += s.draft_lengths
+        if s.prediction is not None:
+            m.prediction = {k: v + s.prediction[k] for k, v in (m.prediction or dict.fromkeys(s.prediction, 0)).items()}
     return m.to_dict()
 
 
@@ -136,7 +145,7 @@ def _choice(llm, req, index: int, cancelled):
         sampling["seed"] = (sampling["seed"] + index) % (1 << 64)
     rows = None if req.logprobs is None else lp.Collector(req.logprobs)
     gen, text = llm.stream_tokens(req.tokens, req.max_tokens, req.stop, sampling, cancelled=cancelled,
-                                  grammar=req.grammar, on_verified=rows)
+                                  grammar=req.grammar, on_verified=rows, prediction=req.prediction)
     return gen, text, rows
 
 

@@ -279,12 +279,13 @@ def refuse_unsupported(values: dict) -> None:
 COMPLETION_KEYS = {"prompt", "suffix", "max_tokens", "temperature", "top_p", "min_p", "typical_p", "logprobs",
                    "echo", "stop", "frequency_penalty", "presence_penalty", "repeat_penalty", "top_k", "stream",
                    "seed", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model", "stopping_criteria",
-                   "logits_processor", "grammar", "logit_bias", "n", "best_of", "stream_options", "specgguf"}
+                   "logits_processor", "grammar", "logit_bias", "n", "best_of", "stream_options", "specgguf",
+                   "prediction"}
 CHAT_KEYS = {"messages", "functions", "function_call", "tools", "tool_choice", "temperature", "top_p", "top_k",
              "min_p", "typical_p", "stream", "stop", "seed", "response_format", "max_tokens", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model",
              "logits_processor", "grammar", "logit_bias", "logprobs", "top_logprobs", "n", "stream_options",
-             "max_completion_tokens", "parallel_tool_calls", "specgguf"}
+             "max_completion_tokens", "parallel_tool_calls", "specgguf", "prediction"}
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 MAX_LOGIT_BIAS = 1 << 16  # entries of logit_bias (OpenAI allows 300; a 262k vocabulary may want more bans)
@@ -394,3 +395,29 @@ def choice_options(values: dict, chat: bool, stream: bool) -> dict:
                                code="invalid_value")
         include_usage = flag(options, "include_usage")
     return {"n": n, "echo": echo, "logprobs": logprobs, "include_usage": include_usage}
+
+
+# -- Predicted Outputs ---------------------------------------------------------------------------
+
+def prediction_text(value) -> str | None:
+    """OpenAI's `prediction`: {"type": "content", "content": text or [{"type": "text", "text": ...}]}
+    (a bare string is taken too, as Python callers may pass one); None when absent or empty."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    where = "'prediction' must be {\"type\": \"content\", \"content\": <text or text parts>}"
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} (got {type(value).__name__})", param="prediction", code="invalid_type")
+    unknown = sorted(set(value) - {"type", "content"})
+    if value.get("type") != "content" or unknown:
+        got = f"unknown fields: {', '.join(unknown)}" if unknown else f"type {value.get('type')!r}"
+        raise RequestError(f"{where} ({got})"[:300], param="prediction", code="invalid_value")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content or None
+    if not isinstance(content, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        raise RequestError(f"{where}: 'content' must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
+                           "parts", param="prediction.content", code="invalid_value")
+    return "".join(p["text"] for p in content) or None

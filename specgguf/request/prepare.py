@@ -35,6 +35,7 @@ class Request:
     grammar: str | None = None  # GBNF the output follows (grammar, response_format, a forced tool call)
     tools: ToolSet | None = None  # chat: the request's tools, whose calls are parsed from the output
     trace: bool = False  # specgguf's stream extension (request/trace.py)
+    prediction: list[int] | None = None  # Predicted Outputs: tokens the output should repeat (drafted from)
 
 
 def prepare(llm, body: dict, chat: bool) -> Request:
@@ -73,7 +74,17 @@ def prepare(llm, body: dict, chat: bool) -> Request:
         prompt = params.prompt_value(body.get("prompt"))
         prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
     return Request(tokens, budget, stop, sampling, chat, stream, model, prompt_text=prompt_text, grammar=grammar,
-                   tools=toolset, trace=trace_option(body, stream), **extras)
+                   tools=toolset, trace=trace_option(body, stream), prediction=prediction_tokens(llm, body.get("prediction")), **extras)
+
+
+def prediction_tokens(llm, value) -> list[int] | None:
+    """A request's `prediction` as tokens (drafters/prediction.py): its text read as plain text
+    (no BOS, no special tokens), so that it drafts what the model would write."""
+    text = params.prediction_text(value)
+    if text is None:
+        return None
+    refuse_past_context(llm, text, "prediction")
+    return llm.target.model.tokenize(text, add_special=False, parse_special=False)
 
 
 def structure(llm, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:
