@@ -330,7 +330,8 @@ HOSTILE = [
     (_turns(WEATHER_Q[0], {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}), 400, "no tool_use"),
     (_turns(WEATHER_Q[0], CALL, {"role": "user", "content": [
-        {"type": "text", "text": "first"}, {"type": "tool_result", "tool_use_id": "toolu_1"}]}), 400, "before any text"),
+        {"type": "text", "text": "first"}, {"type": "tool_result", "tool_use_id": "toolu_1"}]}), 400,
+     "before any text"),
     (_turns(WEATHER_Q[0], CALL, {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "image", "source": {}}]}]}),
      400, "text-only"),
@@ -395,3 +396,38 @@ def test_the_python_function_and_thinking_switch(chat_model_path, tmp_path):
             "".join(b["text"] for b in msg["content"] if b["type"] == "text")
         with pytest.raises(ValueError, match="max_tokens"):
             messagereply.create(llm, {"messages": ASK})
+
+
+def test_pings_keep_a_quiet_stream_open(chat_model_path, monkeypatch):
+    """Between events a `ping` goes out every PING_INTERVAL (shortened here), in the stream's own
+    `event:`/`data:` form: what keeps a client waiting on a long prompt from timing out."""
+    import threading
+
+    import uvicorn
+
+    from specgguf.api import SpecGGUF
+    from specgguf.server import anthropic as wire
+    from specgguf.server.app import create_app
+
+    monkeypatch.setattr(wire, "PING_INTERVAL", 0.05)
+    with SpecGGUF(chat_model_path, n_ctx=512, n_threads=1) as llm:
+        app = create_app(llm)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        try:
+            while not server.started:
+                time.sleep(0.02)
+            local = type("Local", (), {"port": sock.getsockname()[1]})
+            status, _, body = _stream_raw(local, {"max_tokens": 48, "stream": True, "messages": ASK})
+        finally:
+            server.should_exit = True
+            thread.join(10)
+            app.state.scheduler.close()
+    assert status == 200
+    pairs = [part.split("\n") for part in body.strip().split("\n\n")]
+    pings = [p for p in pairs if p[0] == "event: ping"]
+    assert len(pings) > 1 and all(p == ["event: ping", 'data: {"type": "ping"}'] for p in pings)
+    assert pairs[-1][0] == "event: message_stop"

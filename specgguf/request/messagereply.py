@@ -122,7 +122,8 @@ class _Blocks:
 
     def text(self, text: str) -> list[dict]:
         out = [] if self.kind == "text" else self.open({"type": "text", "text": ""})
-        return out + [{"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}}]
+        delta = {"type": "text_delta", "text": text}
+        return out + [{"type": "content_block_delta", "index": self.index, "delta": delta}]
 
     def close(self) -> list[dict]:
         if self.kind is None:

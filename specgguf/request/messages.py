@@ -377,7 +377,8 @@ def user_stops(body: dict) -> list[str]:
 
 
 # params.py and tools.py speak OpenAI's names; a refusal from them is told in Anthropic's
-_RENAMES = (("function.parameters", "input_schema"), ("'stop'", "'stop_sequences'"),
+_RENAMES = (("function.parameters", "input_schema"), ("function.name", "name"), ("function.description", "description"),
+            ("'stop'", "'stop_sequences'"),
             ("'tool_choice' is 'required'", "'tool_choice' is 'any'"))
 
 

@@ -97,7 +97,8 @@ def structure(llm, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:
     return grammar, toolset
 
 
-def chat_tokens(llm, messages: list[dict], tools: ToolSet | None = None, template_vars: dict | None = None) -> list[int]:
+def chat_tokens(llm, messages: list[dict], tools: ToolSet | None = None,
+                template_vars: dict | None = None) -> list[int]:
     """Render `messages` (and `tools`, see tools.py) with the chat format and tokenize it (no double BOS)."""
     fmt = llm.chat_format
     try:

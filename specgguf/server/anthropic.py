@@ -17,7 +17,7 @@ PING_INTERVAL = 10  # seconds between `ping` events, so that proxies and clients
 
 
 def ping_event() -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(PING), event="ping")
+    return ServerSentEvent(data=json.dumps(PING), event="ping", sep="\n")  # as the other events
 
 
 def _sse(event: dict) -> dict:

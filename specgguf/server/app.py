@@ -4,7 +4,8 @@ Starlette + uvicorn + sse-starlette, the family llama-cpp-python's server uses. 
 rather than FastAPI on purpose: requests are checked by `SpecGGUF.prepare()` (shared with the
 Python API), so a pydantic layer would check them twice and answer in a shape (422) that
 OpenAI clients do not expect. Every error, including ones the app did not foresee, leaves as
-OpenAI's `{"error": {"message", "type", "param", "code"}}` and the server keeps serving.
+OpenAI's `{"error": {"message", "type", "param", "code"}}` (on Anthropic's /v1/messages routes as
+Anthropic's, server/anthropic.py) and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 class _ApiKey:
     """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` or, as
-    Anthropic's clients send it, `x-api-key: <key>` (401 if not), compared in constant time; `/health` and the chat page's static files stay open (a browser
+    Anthropic's clients send it, `x-api-key: <key>` (401 if not), compared in constant time;
+    `/health` and the chat page's static files stay open (a browser
     cannot send a key with a page load; the page asks for the key on its first 401).
     Pure ASGI (not BaseHTTPMiddleware) so that streaming responses and disconnects pass through."""
 
