@@ -360,6 +360,9 @@ def test_hostile_requests_get_one_anthropic_error_each(plain):
             got, _, answer = raw(plain, "POST", "/v1/messages/count_tokens", counted)
             assert got == 400, (body, answer)
             assert_anthropic_error(answer, "invalid_request_error")
+    got, _, answer = raw(plain, "POST", "/v1/messages", b'{"system": "' + b"x" * (17 << 20) + b'"}')
+    assert got == 413
+    assert_anthropic_error(answer, "request_too_large")
     for method, path, want in (("GET", "/v1/messages", 405), ("POST", "/v1/messages/nope", 404)):
         got, _, answer = raw(plain, method, path)
         assert got == want

@@ -49,11 +49,12 @@ def _cache_control(value, param: str) -> None:
     """Accepted and checked; the prompt cache is automatic (docs/server.md), so it changes nothing."""
     if value is None:
         return
+    field = f"{param}.cache_control" if param else "cache_control"
     if not isinstance(value, dict) or value.get("type") != "ephemeral":
-        _fail(f'{param}.cache_control must be {{"type": "ephemeral"}} (optionally with "ttl")', param)
-    _keys(value, {"type", "ttl"}, f"{param}.cache_control")
+        _fail(f'{field} must be {{"type": "ephemeral"}} (optionally with "ttl")', field)
+    _keys(value, {"type", "ttl"}, field)
     if value.get("ttl") not in (None, "5m", "1h"):
-        _fail(f"{param}.cache_control.ttl must be '5m' or '1h'", param)
+        _fail(f"{field}.ttl must be '5m' or '1h'", field)
 
 
 def _text_block(block: dict, param: str) -> str:
@@ -324,7 +325,7 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         _fail(f"'model' must be a string (got {_kind(model)})", "model", "invalid_type")
-    _cache_control(body.get("cache_control"), "the request")
+    _cache_control(body.get("cache_control"), "")
     _metadata(body.get("metadata"))
     if body.get("service_tier") not in (None, "auto", "standard_only"):
         _fail("'service_tier' must be 'auto' or 'standard_only' (one tier here)", "service_tier")
