@@ -376,29 +376,52 @@ def test_hostile_requests_get_one_anthropic_error_each(plain):
     assert text_of(sdk(plain).messages.create(model="m", max_tokens=4, messages=ASK))
 
 
-def test_the_python_function_and_thinking_switch(chat_model_path, tmp_path):
-    """messagereply.create is the Python API's call; thinking reaches a template's enable_thinking."""
+def test_the_python_function_and_thinking_switch(tmp_path):
+    """messagereply.create is the Python API's call; thinking reaches a template's enable_thinking,
+    and what the model then reasons comes back as a thinking block (here a template that opens
+    <think> itself, as Qwen3's thinking models do; the synthetic target writes random tokens)."""
     from specgguf.api import SpecGGUF
     from specgguf.request import messagereply, messages
     from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
 
     template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                 "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-                "<think>\n\n</think>\n\n{% endif %}")
+                "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}")
     target = write_qwen3(tmp_path / "thinking.gguf", QwenShape(), seed=0, chat_template=template)
     with SpecGGUF(target, n_ctx=256, n_threads=1) as llm:
         default = messages.count_tokens(llm, {"messages": ASK})["input_tokens"]
         off = messages.count_tokens(llm, {"messages": ASK, "thinking": {"type": "disabled"}})["input_tokens"]
         on = messages.count_tokens(llm, {"messages": ASK, "thinking": {"type": "adaptive"}})["input_tokens"]
-        assert off > default == on  # disabled adds the template's empty think block
-        msg = messagereply.create(llm, {"max_tokens": 3, "messages": ASK})
-        assert msg["usage"]["output_tokens"] <= 3 and msg["stop_reason"] in ("end_turn", "max_tokens")
-        events = list(messagereply.create(llm, {"max_tokens": 3, "messages": ASK, "stream": True}))
-        assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
-        assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == \
-            "".join(b["text"] for b in msg["content"] if b["type"] == "text")
+        assert off > default == on  # disabled closes the template's think block in the prompt
+        for thinking, kind in (("adaptive", "thinking"), ("disabled", "text")):
+            body = {"max_tokens": 4, "messages": ASK, "thinking": {"type": thinking}}
+            msg = messagereply.create(llm, body)
+            assert [b["type"] for b in msg["content"]] == [kind] and msg["stop_reason"] == "max_tokens"
+            events = list(messagereply.create(llm, {**body, "stream": True}))
+            assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+            deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+            assert "".join(d.get(kind, "") for d in deltas) == msg["content"][0][kind]
+            assert deltas[-1]["type"] == ("signature_delta" if kind == "thinking" else "text_delta")
         with pytest.raises(ValueError, match="max_tokens"):
             messagereply.create(llm, {"messages": ASK})
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
+def test_thinking_splits_off_whatever_the_pieces(size):
+    from specgguf.request.messagereply import Thinking, split_thinking
+
+    text = "  <think>\nFirst, red.</thin then </think>\n\nRed, green and blue."
+    splitter, parts = Thinking(), {"thinking": "", "text": ""}
+    for i in range(0, len(text), size):
+        for kind, piece in splitter.feed(text[i:i + size]):
+            parts[kind] += piece
+    for kind, piece in splitter.finish():
+        parts[kind] += piece
+    assert parts == {"thinking": "\nFirst, red.</thin then ", "text": "Red, green and blue."}
+    assert split_thinking(text) == (parts["thinking"], parts["text"])
+    assert split_thinking("No reasoning <think> here") == ("", "No reasoning <think> here")
+    assert split_thinking("cut by max_tokens", opened=True) == ("cut by max_tokens", "")
+    assert split_thinking("<thi") == ("", "<thi")
 
 
 def test_pings_keep_a_quiet_stream_open(chat_model_path, monkeypatch):

@@ -81,16 +81,74 @@ def _tool_id(openai_id: str) -> str:
     return "toolu_" + openai_id.removeprefix("call_")
 
 
-def message(llm, req, stops: list[str], cancelled: Callable[[], bool] = lambda: False) -> dict | None:
-    """The whole Anthropic message for a prepared request (None when cancelled)."""
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class Thinking:
+    """Splits the reasoning a thinking template's model writes first, `<think>...</think>`, off
+    its answer: text pieces in, ("thinking" | "text", piece) out, whatever the pieces' sizes
+    (the whitespace after `</think>` is the template's separator and dropped)."""
+
+    def __init__(self, opened: bool = False):  # opened: the prompt ended with <think> already
+        self.state, self.held = ("thinking" if opened else "start"), ""
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        self.held += piece
+        out = []
+        if self.state == "start":
+            lead = self.held.lstrip()
+            if lead.startswith(THINK_OPEN):
+                self.state, self.held = "thinking", lead[len(THINK_OPEN):]
+            elif THINK_OPEN.startswith(lead):  # could still become the opening tag
+                return out
+            else:
+                self.state = "text"
+        if self.state == "thinking":
+            end = self.held.find(THINK_CLOSE)
+            if end < 0:
+                keep = next((n for n in range(min(len(THINK_CLOSE) - 1, len(self.held)), 0, -1)
+                             if THINK_CLOSE.startswith(self.held[-n:])), 0)
+                out.append(("thinking", self.held[:len(self.held) - keep]))
+                self.held = self.held[len(self.held) - keep:]
+                return [o for o in out if o[1]]
+            out.append(("thinking", self.held[:end]))
+            self.state, self.held = "after", self.held[end + len(THINK_CLOSE):]
+        if self.state == "after":
+            self.held = self.held.lstrip()
+            if not self.held:
+                return [o for o in out if o[1]]
+            self.state = "text"
+        out.append(("text", self.held))
+        self.held = ""
+        return [o for o in out if o[1]]
+
+    def finish(self) -> list[tuple[str, str]]:
+        """What is held at the end: an unclosed reasoning (cut by max_tokens) stays reasoning."""
+        kind = "thinking" if self.state == "thinking" else "text"
+        out, self.held = ([(kind, self.held)] if self.held and self.state != "after" else []), ""
+        return out
+
+
+def split_thinking(text: str | None, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) of a whole text."""
+    splitter, parts = Thinking(opened), {"thinking": "", "text": ""}
+    for kind, piece in [*splitter.feed(text or ""), *splitter.finish()]:
+        parts[kind] += piece
+    return parts["thinking"], parts["text"]
+
+
+def message(llm, req, asked, cancelled: Callable[[], bool] = lambda: False) -> dict | None:
+    """The whole Anthropic message for a prepared request (`messages.Asked`; None when cancelled)."""
     seen = _Observed(llm)
     out = completions.full(seen, req, cancelled)
     if out is None:
         return None
     choice = out["choices"][0]
     text, calls = choice["message"]["content"], choice["message"].get("tool_calls") or []
-    content = ([{"type": "text", "text": text}] if text else []) + [tool_use_block(c) for c in calls]
-    reason, sequence = _stop(seen, choice["finish_reason"], bool(calls), stops)
+    thought, text = split_thinking(text, asked.opened) if asked.thinks else ("", text)
+    content = ([{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []) + \
+        ([{"type": "text", "text": text}] if text else []) + [tool_use_block(c) for c in calls]
+    reason, sequence = _stop(seen, choice["finish_reason"], bool(calls), asked.stops)
     return {"id": message_id(), "type": "message", "role": "assistant", "model": out["model"], "content": content,
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(out["usage"]),
             "specgguf": out["specgguf"]}
@@ -120,35 +178,46 @@ class _Blocks:
         self.index, self.kind = self.index + 1, block["type"]
         return out + [{"type": "content_block_start", "index": self.index, "content_block": block}]
 
-    def text(self, text: str) -> list[dict]:
-        out = [] if self.kind == "text" else self.open({"type": "text", "text": ""})
-        delta = {"type": "text_delta", "text": text}
+    def text(self, text: str, kind: str = "text") -> list[dict]:
+        """A text_delta (or, kind "thinking", a thinking_delta), in a block of that kind."""
+        out = [] if self.kind == kind else self.open({"type": kind, kind: "", **({"signature": ""} if
+                                                                                  kind == "thinking" else {})})
+        delta = {"type": f"{kind}_delta", kind: text}
         return out + [{"type": "content_block_delta", "index": self.index, "delta": delta}]
 
     def close(self) -> list[dict]:
         if self.kind is None:
             return []
+        out = []
+        if self.kind == "thinking":  # Anthropic's thinking blocks end with their signature (none here)
+            out.append({"type": "content_block_delta", "index": self.index,
+                        "delta": {"type": "signature_delta", "signature": ""}})
         self.kind = None
-        return [{"type": "content_block_stop", "index": self.index}]
+        return out + [{"type": "content_block_stop", "index": self.index}]
 
 
-def events(llm, req, stops: list[str], cancelled: Callable[[], bool] = lambda: False) -> Iterator[dict]:
+def events(llm, req, asked, cancelled: Callable[[], bool] = lambda: False) -> Iterator[dict]:
     """The stream's events after message_start: content blocks as the chat chunks come, then
     message_delta (stop reason, usage, `specgguf`) and message_stop; nothing more once cancelled.
     Whitespace at the end of a text is held until more text follows, so text that only led up to
     a tool call is not sent (the whole message drops it the same way, tools.py `parse`)."""
     seen, blocks = _Observed(llm), _Blocks()
+    thinking = Thinking(asked.opened) if asked.thinks else None
     held, called, last = "", False, None
     for chunk in completions.chunks(seen, req, cancelled):
         if not chunk["choices"]:
             continue
         choice = chunk["choices"][0]
         delta = choice["delta"]
-        if delta.get("content"):
-            text = held + delta["content"]
-            held = text[len(text.rstrip()):]
-            if len(text) > len(held):
-                yield from blocks.text(text[:len(text) - len(held)])
+        for kind, piece in (thinking.feed(delta.get("content") or "") if thinking else
+                            [("text", delta.get("content"))]):
+            if kind == "thinking":
+                yield from blocks.text(piece, "thinking")
+            elif piece:
+                text = held + piece
+                held = text[len(text.rstrip()):]
+                if len(text) > len(held):
+                    yield from blocks.text(text[:len(text) - len(held)])
         for d in delta.get("tool_calls") or []:
             if "id" in d:  # a call's head (tools.call_deltas): a new tool_use block
                 held, called = "", True
@@ -161,10 +230,15 @@ def events(llm, req, stops: list[str], cancelled: Callable[[], bool] = lambda: F
             last = chunk
     if last is None:  # cancelled
         return
+    for kind, piece in thinking.finish() if thinking else []:
+        if kind == "thinking":
+            yield from blocks.text(piece, "thinking")
+        else:
+            held += piece
     if held:
         yield from blocks.text(held)
     yield from blocks.close()
-    reason, sequence = _stop(seen, last["choices"][0]["finish_reason"], called, stops)
+    reason, sequence = _stop(seen, last["choices"][0]["finish_reason"], called, asked.stops)
     yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
            "usage": usage(last["usage"]), "specgguf": last["specgguf"]}
     yield {"type": "message_stop"}
@@ -176,11 +250,11 @@ def create(llm, body: dict):
     keep an HTTP connection open)."""
     from . import messages
 
-    req, stops = messages.prepare(llm, body)
+    req, asked = messages.prepare(llm, body)
     if not req.stream:
-        return message(llm, req, stops)
+        return message(llm, req, asked)
 
     def stream():
         yield start_event(req, message_id(), req.model or llm.model_name)
-        yield from events(llm, req, stops)
+        yield from events(llm, req, asked)
     return stream()

@@ -14,6 +14,8 @@ server turns them into Anthropic's error shape.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import RequestError
 
 # Fields of Anthropic's create body this server reads (CREATE) or refuses by name (REFUSED, with
@@ -372,9 +374,13 @@ def _sampling(body: dict) -> dict:
     return out
 
 
-def user_stops(body: dict) -> list[str]:
-    """The request's own stop_sequences (the ones stop_reason "stop_sequence" reports)."""
-    return list(body.get("stop_sequences") or [])
+@dataclass
+class Asked:
+    """What the reply needs to know of an Anthropic request beyond its chat request."""
+
+    stops: list[str]  # the request's own stop_sequences: the ones stop_reason "stop_sequence" names
+    thinks: bool = False  # the template's thinking switch is on: a leading <think> block is reasoning
+    opened: bool = False  # the prompt ends with <think> itself (thinking templates that open the block)
 
 
 # params.py and tools.py speak OpenAI's names; a refusal from them is told in Anthropic's
@@ -400,18 +406,22 @@ def anthropic_words(exc: RequestError) -> RequestError:
 THINKING_SWITCH = "enable_thinking"  # the variable Qwen3-style templates read to think or not
 
 
+def has_switch(llm) -> bool:
+    template = llm.chat_format.template
+    return bool(template) and THINKING_SWITCH in template
+
+
 def thinking_vars(llm, thinking: bool | None) -> dict | None:
     """The template variables for `thinking`: the template's own switch when it has one; else
     none (the template has no way to ask for thinking, so `thinking` changes nothing)."""
-    template = llm.chat_format.template
-    if thinking is None or not template or THINKING_SWITCH not in template:
+    if thinking is None or not has_switch(llm):
         return None
     return {THINKING_SWITCH: thinking}
 
 
-def prepare(llm, body: dict, counting: bool = False):
-    """(the checked, tokenized `prepare.Request`, the request's own stop sequences) for an
-    Anthropic body; counting: a count_tokens body (no max_tokens, nothing to sample)."""
+def prepare(llm, body: dict, counting: bool = False) -> tuple:
+    """(the checked, tokenized `prepare.Request`, `Asked`) for an Anthropic body; counting: a
+    count_tokens body (max_tokens optional, nothing generated)."""
     from . import prepare as preparing
 
     chat, thinking = chat_body(body, counting)
@@ -419,7 +429,10 @@ def prepare(llm, body: dict, counting: bool = False):
         req = preparing.prepare(llm, chat, chat=True, template_vars=thinking_vars(llm, thinking))
     except RequestError as exc:
         raise anthropic_words(exc) from None
-    return req, user_stops(body)
+    # absent thinking leaves the template's default, which is on for Qwen3-style templates
+    thinks = has_switch(llm) and thinking is not False
+    tail = llm.detokenize(req.tokens[-16:], special=True).decode("utf-8", "replace").rstrip() if thinks else ""
+    return req, Asked(list(body.get("stop_sequences") or []), thinks, tail.endswith("<think>"))
 
 
 def count_tokens(llm, body: dict) -> dict:

@@ -203,14 +203,14 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         body = await _json_body(request)
         if strict_model_name and isinstance(body.get("model"), str) and body["model"] != model_id:
             return _unknown_model(body["model"])
-        req, stops = await off_loop(anthropic_request.prepare, llm, body)
+        req, asked = await off_loop(anthropic_request.prepare, llm, body)
         req.model = model_id
         if req.stream:
             start = messagereply.start_event(req, messagereply.message_id(), model_id)
-            job = scheduler.submit(lambda cancelled: messagereply.events(llm, req, stops, cancelled))
+            job = scheduler.submit(lambda cancelled: messagereply.events(llm, req, asked, cancelled))
             return EventSourceResponse(anthropic.events(job, start, metrics), sep="\n", ping=anthropic.PING_INTERVAL,
                                        ping_message_factory=anthropic.ping_event, send_timeout=60)
-        return await whole(request, lambda cancelled: messagereply.message(llm, req, stops, cancelled))
+        return await whole(request, lambda cancelled: messagereply.message(llm, req, asked, cancelled))
 
     async def count_tokens(request: Request):
         """Anthropic's POST /v1/messages/count_tokens: {"input_tokens"} of the same body."""
