@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from . import completions
 
-# status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors lists the same pairs)
+# status -> Anthropic's error type (docs/server.md, "The Anthropic Messages API": errors)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                503: "overloaded_error", 529: "overloaded_error"}

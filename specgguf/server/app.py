@@ -309,7 +309,7 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     app = Starlette(routes=routes, exception_handlers=handlers)
     if api_key:
         app.add_middleware(_ApiKey, key=api_key)
-    # added last, so outermost: a bad Host or Origin is refused, and a preflight answered, before the key check
+    # added after the key check, so outside it: a bad Host or Origin is refused, and a preflight answered, first
     app.add_middleware(AccessMiddleware, rules=access or AccessRules())
     app.add_middleware(anthropic.AnthropicErrors)  # outermost: every error on /v1/messages in Anthropic's shape
     app.state.scheduler, app.state.metrics = scheduler, metrics
