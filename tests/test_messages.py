@@ -143,6 +143,10 @@ def test_a_forced_tool_call_follows_its_schema_and_its_result_comes_back(plain):
     assert start.content_block.type == "tool_use" and start.content_block.name == "get_weather"
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
     assert json.loads(partial) == call.input and events[-2].delta.stop_reason == "tool_use"
+    with c.messages.stream(model="m", max_tokens=48, tools=[WEATHER, TIME], messages=WEATHER_Q,
+                           tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        final = stream.get_final_message()  # the SDK's own accumulation of partial_json
+    assert final.content[-1].input == call.input and final.stop_reason == "tool_use"
     any_call = c.messages.create(model="m", max_tokens=48, tools=[WEATHER, TIME], messages=WEATHER_Q,
                                  tool_choice={"type": "any"})
     assert any_call.stop_reason == "tool_use" and any_call.content[-1].name in ("get_weather", "get_time")
