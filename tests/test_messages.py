@@ -196,6 +196,13 @@ def test_stop_sequences_and_count_tokens(plain):
         c.messages.count_tokens(model="m", messages=ASK).input_tokens  # no thinking switch: no effect
 
 
+def test_output_config_format_constrains_the_text(drafted):
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]}
+    msg = client_for(drafted).messages.create(model="m", max_tokens=24, messages=ASK, output_config={
+        "format": {"type": "json_schema", "schema": schema}, "effort": "low"})
+    jsonschema.validate(json.loads(text_of(msg)), schema)
+
+
 def test_the_key_may_come_as_x_api_key(drafted):
     ok = sdk(drafted, None, default_headers={"x-api-key": KEY})  # what Anthropic's clients send
     assert ok.messages.count_tokens(model="m", messages=ASK).input_tokens > 0
@@ -310,6 +317,12 @@ HOSTILE = [
     (_msg(thinking={"type": "enabled", "budget_tokens": 2048}), 400, "less than max_tokens"),
     (_msg(thinking="on"), 400, "thinking"),
     (_msg(mcp_servers=[{"url": "x"}]), 400, "not supported"),
+    (_msg(output_config={"format": {"type": "json_schema"}}), 400, "output_config.format"),
+    (_msg(output_config={"effort": "extreme"}), 400, "effort"),
+    (_msg(output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}, tools=[WEATHER]), 400,
+     "tool_choice"),
+    (_msg(output_config={"format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 10 ** 6}}}),
+     400, "output_config.format.schema"),
     (_msg(frequency_penalty=1), 400, "unknown"),
     (_msg(cache_control={"type": "forever"}), 400, "ephemeral"),
     (_msg(tools={"name": "x"}), 400, "list of tools"),

@@ -22,10 +22,11 @@ from ..errors import RequestError
 # why); anything else is refused as unknown, as Anthropic's API does ("Extra inputs are not permitted").
 # count_tokens takes the same body (max_tokens optional there), so a client may count what it sends.
 CREATE = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-          "tools", "tool_choice", "metadata", "thinking", "service_tier", "cache_control"}
+          "tools", "tool_choice", "metadata", "thinking", "service_tier", "cache_control", "output_config"}
 REFUSED = {"container": "code-execution containers", "mcp_servers": "remote MCP servers",
-           "context_management": "server-side context editing", "output_config": "output configuration",
-           "inference_geo": "inference regions", "speed": "speed tiers", "diagnostics": "diagnostics"}
+           "context_management": "server-side context editing", "inference_geo": "inference regions",
+           "speed": "speed tiers", "diagnostics": "diagnostics"}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 MAX_MESSAGES = 100_000  # Anthropic's own limit on messages per request
 IS_ERROR_PREFIX = "Error: "  # how a tool_result with is_error reaches a template, which has no error flag
 
@@ -300,6 +301,26 @@ def _thinking(value, max_tokens: int | None) -> bool | None:
     return value["type"] != "disabled"
 
 
+def _output_config(value) -> dict | None:
+    """output_config: `format` (a JSON schema the answer's text follows) as the chat endpoint's
+    response_format, the same grammar; `effort` checked, and moot: one model at one speed."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        _fail("'output_config' must be an object ({\"format\": ..., \"effort\": ...})", "output_config",
+              "invalid_type")
+    _keys(value, {"format", "effort"}, "output_config")
+    if value.get("effort") not in (None, *EFFORTS):
+        _fail(f"output_config.effort must be one of {', '.join(EFFORTS)}", "output_config.effort")
+    fmt = value.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        _fail('output_config.format must be {"type": "json_schema", "schema": {...}}', "output_config.format")
+    _keys(fmt, {"type", "schema"}, "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
 def _metadata(value) -> None:
     """Accepted and checked; Anthropic uses it to trace abuse, which one local server has no use for."""
     if value is None:
@@ -339,6 +360,12 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
     out = {"messages": messages, "max_tokens": 0 if counting else max_tokens}
     if model is not None:
         out["model"] = model
+    response_format = _output_config(body.get("output_config"))
+    if response_format is not None:
+        if tools and choice != "none":  # one grammar per answer: a tool call's or the text's (prepare.py)
+            _fail("'output_config.format' with 'tools' needs tool_choice {\"type\": \"none\"}: the answer here is "
+                  "either a tool call or text in that format", "output_config.format", "unsupported_parameter")
+        out["response_format"] = response_format
     if tools:
         out["tools"] = tools
     for key, value in (("tool_choice", choice), ("parallel_tool_calls", parallel)):
@@ -384,8 +411,9 @@ class Asked:
 
 
 # params.py and tools.py speak OpenAI's names; a refusal from them is told in Anthropic's
-_RENAMES = (("function.parameters", "input_schema"), ("function.name", "name"), ("function.description", "description"),
-            ("'stop'", "'stop_sequences'"),
+_RENAMES = (("function.parameters", "input_schema"), ("function.name", "name"),
+            ("function.description", "description"), ("'stop'", "'stop_sequences'"),
+            ("response_format.json_schema.schema", "output_config.format.schema"),
             ("'tool_choice' is 'required'", "'tool_choice' is 'any'"))
 
 
