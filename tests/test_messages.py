@@ -329,6 +329,8 @@ HOSTILE = [
     (_msg(tools=[{"name": "x"}]), 400, "input_schema"),
     (_msg(tools=[{"name": "x", "input_schema": {"type": "string"}}]), 400, "\"type\": \"object\""),
     (_msg(tools=[{"name": "bad name!", "input_schema": {"type": "object"}}]), 400, "letters, digits"),
+    (_msg(tools=[{"name": {"a": 1}, "input_schema": {"type": "object"}}]), 400, "name must be a string"),
+    (_msg(tools=[{"name": "x", "description": 5, "input_schema": {"type": "object"}}]), 400, "description"),
     (_msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400, "server tools"),
     (_msg(tools=[WEATHER, WEATHER]), 400, "twice"),
     (_msg(tools=[{**TIME, "input_schema": {"type": "object", "properties": {"a": {"type": "string",
@@ -355,6 +357,11 @@ HOSTILE = [
     (_turns(WEATHER_Q[0], CALL, {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": "yes"}]}), 400, "is_error"),
     (_turns(WEATHER_Q[0], {**CALL, "content": [{**CALL["content"][0], "name": "unknown"}]}, *ASK), 400, "not one"),
+    (_turns(WEATHER_Q[0], {**CALL, "content": [{**CALL["content"][0], "name": ["x"]}]}, *ASK), 400, "not one"),
+    (_turns(WEATHER_Q[0], CALL, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": ["toolu_1"]}]}), 400, "answers no tool call"),
+    (_msg(tools=[WEATHER], tool_choice={"type": "tool", "name": {"n": 1}}), 400, "not one of the tools"),
+    (_msg(messages=[{"role": ["user"], "content": "x"}]), 400, "'user' or 'assistant'"),
     (_turns(WEATHER_Q[0], {**CALL, "content": [{**CALL["content"][0], "input": "city=Paris"}]}, *ASK), 400,
      "input must be an object"),
     (_turns(WEATHER_Q[0], {**CALL, "content": [{**CALL["content"][0], "id": ""}]}, *ASK), 400, "non-empty"),
@@ -387,6 +394,11 @@ def test_hostile_requests_get_one_anthropic_error_each(plain):
     got, _, answer = raw(plain, "POST", "/v1/messages", _msg(), headers={"Host": "evil.example.com"})
     assert got == 403
     assert_anthropic_error(answer, "permission_error")
+    with pytest.raises(anthropic.BadRequestError) as exc:  # as the SDK reports it
+        sdk(plain).messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+    assert exc.value.status_code == 400 and "text-only" in exc.value.body["error"]["message"]
+    assert_anthropic_error(exc.value.body, "invalid_request_error")
     got, _, answer = raw(plain, "POST", "/v1/chat/completions", {"max_tokens": 0})  # the chat endpoint's own shape
     assert got == 400 and set(answer) == {"error"}
     assert health(plain)["status"] == "ok"  # alive, and still answering
@@ -474,3 +486,45 @@ def test_pings_keep_a_quiet_stream_open(chat_model_path, monkeypatch):
     pings = [p for p in pairs if p[0] == "event: ping"]
     assert len(pings) > 1 and all(p == ["event: ping", 'data: {"type": "ping"}'] for p in pings)
     assert pairs[-1][0] == "event: message_stop"
+
+
+def _paths(value, path=()):
+    """Every place in a JSON value, as key paths."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield from _paths(item, (*path, key))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    out = dict(value) if isinstance(value, dict) else list(value)
+    out[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return out
+
+
+def test_every_field_of_a_body_swapped_for_any_type_is_refused_in_words(qwen3_target):
+    """Each place of a full body, given each JSON type in turn, is prepared (translated, checked,
+    rendered, tokenized) or refused with a RequestError, never anything else (a 500 on the wire)."""
+    from specgguf.api import SpecGGUF
+    from specgguf.errors import RequestError
+    from specgguf.request.messages import prepare
+
+    body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "s", "cache_control": {
+        "type": "ephemeral", "ttl": "5m"}}], "stop_sequences": ["x"], "temperature": 0.5, "top_p": 0.9, "top_k": 4,
+        "metadata": {"user_id": "u"}, "thinking": {"type": "enabled", "budget_tokens": 1024}, "service_tier": "auto",
+        "output_config": {"effort": "low"}, "tools": [WEATHER], "tool_choice": {"type": "auto"},
+        "messages": [WEATHER_Q[0], CALL, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": False,
+             "content": [{"type": "text", "text": "18 C"}]}, {"type": "text", "text": "and?"}]}]}
+    body["max_tokens"] = 2048
+    swaps = [None, 0, -1, 1.5, True, "x", "", [], [1], {}, {"type": "text"}, {"a": [1]}]
+    with SpecGGUF(qwen3_target, n_ctx=4096, n_threads=1) as llm:
+        prepare(llm, body)  # the whole body is fine
+        for path in _paths(body):
+            for new in swaps:
+                try:
+                    prepare(llm, _replaced(body, path, new))
+                except RequestError as exc:
+                    assert str(exc) and "Traceback" not in str(exc)

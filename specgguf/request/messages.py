@@ -123,6 +123,8 @@ def tools_value(value) -> list[dict] | None:
             _fail(f"{param}: server tools (type {str(tool['type'])[:40]!r}) are not supported: only client "
                   "tools, {name, description, input_schema}, which your code runs", param)
         _keys(tool, {"type", "name", "description", "input_schema", "cache_control"}, param)
+        if not isinstance(tool.get("name"), str):  # its form is ToolSet's to check
+            _fail(f"{param}.name must be a string (got {_kind(tool.get('name'))})", f"{param}.name", "invalid_type")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict) or schema.get("type") != "object":
             _fail(f"{param}.input_schema must be a JSON schema object with \"type\": \"object\"",
@@ -212,7 +214,7 @@ def _assistant(blocks: list[dict], param: str, tool_names: set[str], seen: set[s
                 _fail(f"{where}.id must be a non-empty string", f"{where}.id", "invalid_type")
             if tid in seen:
                 _fail(f"{where}.id {tid[:64]!r} is used twice in the conversation", f"{where}.id")
-            if name not in tool_names:
+            if not isinstance(name, str) or name not in tool_names:
                 _fail(f"{where}.name {str(name)[:64]!r} is not one of the request's 'tools' (send the tools the "
                       "conversation used)", f"{where}.name")
             if not isinstance(args, dict):
@@ -334,6 +336,8 @@ def _metadata(value) -> None:
 
 def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
     """(the OpenAI chat body, the thinking switch) for an Anthropic create (or count_tokens) body."""
+    if not isinstance(body, dict):
+        _fail(f"the request body must be an object (got {_kind(body)})", "body", "invalid_type")
     for name in sorted(set(body) & set(REFUSED)):
         if body[name] is not None:
             _fail(f"'{name}' ({REFUSED[name]}) is not supported by specgguf: leave it out", name,
