@@ -46,7 +46,8 @@ def _bind(host: str, port: int) -> socket.socket:
               help="Address to listen on (0.0.0.0 exposes the server to your network: use --api-key).")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port (0: any free one, printed).")
 @click.option("--api-key", default=None, envvar="SPECGGUF_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on every request (also $SPECGGUF_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY', as Anthropic's clients send "
+                   "it) on every request (also $SPECGGUF_API_KEY).")
 @click.option("--parallel", "-np", type=int, default=1, show_default=True, metavar="N",
               help="Requests decoded at once, in one batch per round (continuous batching), each with "
                    "--ctx tokens of its own and its own prompt cache; more wait in the queue. Any "

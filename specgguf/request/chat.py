@@ -30,19 +30,20 @@ class ChatFormat:
         name, turn, gen, stop = _TRANSCRIPT
         return cls(name, True, None, turn, gen, bos, eos, stop=(stop,))
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None, variables: dict | None = None) -> str:
         """The prompt text; `tools` (OpenAI's list) reach a template that renders them (tools.py
-        rewrites the messages for one that does not)."""
+        rewrites the messages for one that does not); `variables`: more the template may read
+        (`enable_thinking`); the fallback transcript reads none."""
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError("each message needs a 'role' and a 'content'")
         if self.template is not None:
-            return _render_jinja(self.template, messages, self.bos_text, self.eos_text, tools)
+            return _render_jinja(self.template, messages, self.bos_text, self.eos_text, tools, variables)
         text = "".join(self.turn.format(Role=m["role"].capitalize(), content=m["content"]) for m in messages)
         return self.bos_text + text + self.generation_prompt
 
 
-def _render_jinja(template: str, messages, bos: str, eos: str, tools=None) -> str:
+def _render_jinja(template: str, messages, bos: str, eos: str, tools=None, variables=None) -> str:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -51,4 +52,4 @@ def _render_jinja(template: str, messages, bos: str, eos: str, tools=None) -> st
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(messages=messages, add_generation_prompt=True,
                                             bos_token=bos, eos_token=eos, raise_exception=raise_exception,
-                                            **({"tools": tools} if tools else {}))
+                                            **({"tools": tools} if tools else {}), **(variables or {}))

@@ -38,10 +38,11 @@ class Request:
     prediction: list[int] | None = None  # Predicted Outputs: tokens the output should repeat (drafted from)
 
 
-def prepare(llm, body: dict, chat: bool) -> Request:
+def prepare(llm, body: dict, chat: bool, template_vars: dict | None = None) -> Request:
     """Check an OpenAI/Llama-style request and tokenize it.
 
-    Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
+    template_vars: more variables for the chat template (messages.py: Anthropic's `thinking` as
+    `enable_thinking`). Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
     """
     params.refuse_unsupported(body)
     sampling = params.sampling_fields(body)
@@ -57,7 +58,7 @@ def prepare(llm, body: dict, chat: bool) -> Request:
     extras = params.choice_options(body, chat, stream)
     grammar, toolset = structure(llm, body, chat)
     if chat:
-        tokens = chat_tokens(llm, params.messages_value(body.get("messages")), toolset)
+        tokens = chat_tokens(llm, params.messages_value(body.get("messages")), toolset, template_vars)
         stop = params.stop_strings(body.get("stop"), llm.chat_format.stop)
         wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)
     else:
@@ -107,14 +108,15 @@ def structure(llm, body: dict, chat: bool) -> tuple[str | None, ToolSet | None]:
     return grammar, toolset
 
 
-def chat_tokens(llm, messages: list[dict], tools: ToolSet | None = None) -> list[int]:
+def chat_tokens(llm, messages: list[dict], tools: ToolSet | None = None,
+                template_vars: dict | None = None) -> list[int]:
     """Render `messages` (and `tools`, see tools.py) with the chat format and tokenize it (no double BOS)."""
     fmt = llm.chat_format
     try:
         if tools is None:
-            text = fmt.render(messages)
+            text = fmt.render(messages, variables=template_vars)
         else:
-            text = fmt.render(tools.messages(messages), tools.tools if tools.in_template else None)
+            text = fmt.render(tools.messages(messages), tools.tools if tools.in_template else None, template_vars)
     except ValueError as exc:  # the template's own raise_exception(), or a malformed message
         raise params.RequestError(f"the chat template refused the messages: {exc}", param="messages") from None
     bos_in_text = bool(fmt.bos_text) and text.startswith(fmt.bos_text)

@@ -4,7 +4,8 @@ Starlette + uvicorn + sse-starlette, the family llama-cpp-python's server uses. 
 rather than FastAPI on purpose: requests are checked by `SpecGGUF.prepare()` (shared with the
 Python API), so a pydantic layer would check them twice and answer in a shape (422) that
 OpenAI clients do not expect. Every error, including ones the app did not foresee, leaves as
-OpenAI's `{"error": {"message", "type", "param", "code"}}` and the server keeps serving.
+OpenAI's `{"error": {"message", "type", "param", "code"}}` (on Anthropic's /v1/messages routes as
+Anthropic's, server/anthropic.py) and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..errors import RequestError, UserError
-from . import webpage
+from ..request import messagereply, messages as anthropic_request
+from . import anthropic, webpage
 from .access import AccessMiddleware, AccessRules
 from .metrics import Metrics
 from .worker import QueueFull, Scheduler
@@ -39,8 +41,9 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 class _ApiKey:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` (401 if not),
-    compared in constant time; `/health` and the chat page's static files stay open (a browser
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <key>` or, as
+    Anthropic's clients send it, `x-api-key: <key>` (401 if not), compared in constant time;
+    `/health` and the chat page's static files stay open (a browser
     cannot send a key with a page load; the page asks for the key on its first 401).
     Pure ASGI (not BaseHTTPMiddleware) so that streaming responses and disconnects pass through."""
 
@@ -49,11 +52,13 @@ class _ApiKey:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not self._open(scope):
-            auth = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, given = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
-                resp = error_response(401, "invalid API key: send 'Authorization: Bearer <key>' with the key "
-                                           "given to `specgguf serve --api-key`", code="invalid_api_key")
+            headers = dict(scope["headers"])
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            bearer = scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.key)
+            if not bearer and not hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key):
+                resp = error_response(401, "invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: "
+                                           "<key>') with the key given to `specgguf serve --api-key`",
+                                      code="invalid_api_key")
                 return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -177,7 +182,11 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         if req.stream:
             job = scheduler.submit(lambda cancelled: llm.response_chunks(req, cancelled))
             return EventSourceResponse(_sse(job, metrics), sep="\n", ping=15, send_timeout=60)
-        job = scheduler.submit(lambda cancelled: [llm.response(req, cancelled)])
+        return await whole(request, lambda cancelled: llm.response(req, cancelled))
+
+    async def whole(request: Request, work):
+        """A response that is not streamed: work(cancelled) on a worker, cancelled on disconnect."""
+        job = scheduler.submit(lambda cancelled: [work(cancelled)])
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
             items = [item async for item in job]
@@ -187,6 +196,28 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
             return error_response(499, "the client closed the request", code="cancelled")
         metrics.observe(items[0].get("specgguf"))
         return JSONResponse(items[0])
+
+    async def messages(request: Request):
+        """Anthropic's POST /v1/messages, translated into a chat completion (request/messages.py);
+        errors leave in Anthropic's shape (server/anthropic.py)."""
+        body = await _json_body(request)
+        if strict_model_name and isinstance(body.get("model"), str) and body["model"] != model_id:
+            return _unknown_model(body["model"])
+        req, asked = await off_loop(anthropic_request.prepare, llm, body)
+        req.model = model_id
+        if req.stream:
+            start = messagereply.start_event(req, messagereply.message_id(), model_id)
+            job = scheduler.submit(lambda cancelled: messagereply.events(llm, req, asked, cancelled))
+            return EventSourceResponse(anthropic.events(job, start, metrics), sep="\n", ping=anthropic.PING_INTERVAL,
+                                       ping_message_factory=anthropic.ping_event, send_timeout=60)
+        return await whole(request, lambda cancelled: messagereply.message(llm, req, asked, cancelled))
+
+    async def count_tokens(request: Request):
+        """Anthropic's POST /v1/messages/count_tokens: {"input_tokens"} of the same body."""
+        body = await _json_body(request)
+        if strict_model_name and isinstance(body.get("model"), str) and body["model"] != model_id:
+            return _unknown_model(body["model"])
+        return JSONResponse(await off_loop(anthropic_request.count_tokens, llm, body))
 
     async def completions(request: Request):
         return await complete(request, chat=False)
@@ -261,6 +292,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/extras/tokenize", extras_tokenize, methods=["POST"]),
@@ -276,8 +309,9 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     app = Starlette(routes=routes, exception_handlers=handlers)
     if api_key:
         app.add_middleware(_ApiKey, key=api_key)
-    # added last, so outermost: a bad Host or Origin is refused, and a preflight answered, before the key check
+    # added after the key check, so outside it: a bad Host or Origin is refused, and a preflight answered, first
     app.add_middleware(AccessMiddleware, rules=access or AccessRules())
+    app.add_middleware(anthropic.AnthropicErrors)  # outermost: every error on /v1/messages in Anthropic's shape
     app.state.scheduler, app.state.metrics = scheduler, metrics
     return app
 
