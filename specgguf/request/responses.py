@@ -367,5 +367,6 @@ def _renamed(exc: RequestError) -> RequestError:
                                                                             "lower max_output_tokens")
     message = message.replace("'messages'", "'input'").replace("'response_format.json_schema.schema",
                                                                "'text.format.schema")
-    message = re.sub(r"tools\[(\d+)\]\.function\.", r"tools[\1].", message.replace("'response_format", "'text.format"))
+    message = message.replace("'response_format", "'text.format")
+    message = re.sub(r"tools\[(\d+)\]\.function\.", r"tools[\1].", message)
     return RequestError(message, param=param, code=exc.code, status=exc.status, kind=exc.kind)
