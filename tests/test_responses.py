@@ -12,13 +12,14 @@ gets one OpenAI-shaped 4xx per request while the server lives on.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 
 import openai
 import pytest
 
 from serverproc import start_server
-from test_server import assert_openai_error, raw
+from test_server import _wait_cancelled, assert_openai_error, health, raw
 
 ASK = "What is the capital of France? Answer with one word."
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather of a city",
@@ -85,11 +86,36 @@ def test_stream_events_in_order_and_deltas_join_to_the_text(client):
     final = events[-1].response
     assert text == final.output_text == events[-4].text == whole.output_text
     assert final.id == events[0].response.id and events[0].response.status == "in_progress"
+    assert client.responses.retrieve(final.id).output_text == text  # a streamed response is stored too
     # the SDK's stream helper reads the same events into its final response
     with client.responses.stream(model="x", input=ASK, max_output_tokens=12) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text == whole.output_text
+
+
+def test_stream_wire_format_and_a_disconnect_cancels(server):
+    before = health(server)["queue"]["cancelled"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/responses", json.dumps({"input": "Write a long story about a cat.", "stream": True,
+                                                      "max_output_tokens": 900}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+    frames = []
+    while len(frames) < 5:  # event: <type> / data: <json> / a blank line
+        kind = resp.readline().decode()
+        if kind.startswith(":"):  # a keep-alive comment
+            continue
+        data, blank = resp.readline().decode(), resp.readline().decode()
+        assert kind.startswith("event: ") and data.startswith("data: ") and blank.strip() == "", (kind, data, blank)
+        event = json.loads(data[len("data: "):])
+        assert event["type"] == kind[len("event: "):].strip() and event["sequence_number"] == len(frames)
+        frames.append(event["type"])
+    assert frames[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                          "response.content_part.added"]
+    conn.close()  # the client goes away mid-stream: its generation stops at the next round
+    _wait_cancelled(server, before)
 
 
 def test_json_schema_output_validates(client):
@@ -161,14 +187,25 @@ def test_an_agent_calls_the_function_tool_and_answers(server):
         return f"Sunny, 22 C in {city}"
 
     agents.set_tracing_disabled(True)
-    model = agents.OpenAIResponsesModel(model="gpt-4o-mini", openai_client=openai.AsyncOpenAI(
-        base_url=server.base_url, api_key="none", max_retries=0, timeout=120))
-    agent = agents.Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model,
-                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=40),
-                         reset_tool_choice=True)
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3))
-    assert calls and calls[0].strip(), calls
-    assert isinstance(result.final_output, str) and result.final_output.strip(), result.final_output
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120) as c:
+            agent = agents.Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
+                                 model=agents.OpenAIResponsesModel(model="gpt-4o-mini", openai_client=c),
+                                 model_settings=agents.ModelSettings(tool_choice="required", max_tokens=40),
+                                 reset_tool_choice=True)
+            whole = await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+            streamed = agents.Runner.run_streamed(agent, "What is the weather in Rome?", max_turns=3)
+            async for _ in streamed.stream_events():
+                pass
+            return whole, streamed
+    whole, streamed = asyncio.run(run())
+    assert len(calls) == 2 and all(c.strip() for c in calls), calls
+    for result in (whole, streamed):  # a forced call, the tool's output sent back, then a text answer
+        assert len(result.raw_responses) == 2
+        assert [type(i).__name__ for i in result.new_items] == ["ToolCallItem", "ToolCallOutputItem",
+                                                                "MessageOutputItem"]
+        assert isinstance(result.final_output, str) and result.final_output.strip(), result.final_output
 
 
 HUGE = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 200} for i in range(400)}}

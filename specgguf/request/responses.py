@@ -164,8 +164,8 @@ def _metadata(value) -> dict:
         raise _err(f"'metadata' must be an object of at most {MAX_METADATA} string pairs", "metadata",
                    "invalid_type" if not isinstance(value, dict) else "invalid_value")
     for k, v in value.items():
-        if not isinstance(v, str) or len(k) > 64 or len(v) > 512:
-            raise _err(f"'metadata' entry {k[:64]!r}: keys are strings of at most 64 characters and values "
+        if not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512:
+            raise _err(f"'metadata' entry {str(k)[:64]!r}: keys are strings of at most 64 characters and values "
                        "strings of at most 512", "metadata")
     return value
 
