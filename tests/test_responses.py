@@ -118,6 +118,28 @@ def test_stream_wire_format_and_a_disconnect_cancels(server):
     _wait_cancelled(server, before)
 
 
+def test_objects_and_events_validate_against_the_sdk_models(server):
+    """Strict pydantic validation of the raw JSON (the SDK itself parses leniently): every field
+    the SDK's models require is there, with its type."""
+    import pydantic
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    event_model = pydantic.TypeAdapter(ResponseStreamEvent)
+    for body in ({"input": ASK, "max_output_tokens": 6, "metadata": {"a": "b"}, "reasoning": {"effort": "low"}},
+                 {"input": "What is the weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
+                  "max_output_tokens": 40}):
+        status, _, payload = raw(server, "POST", "/v1/responses", body)
+        assert status == 200, payload
+        Response.model_validate(payload)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/responses", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+        events = [json.loads(line[len(b"data: "):]) for line in conn.getresponse() if line.startswith(b"data: ")]
+        conn.close()
+        for event in events:
+            event_model.validate_python(event)
+        assert events[-1]["response"]["output"][0]["type"] == payload["output"][0]["type"]
+
+
 def test_json_schema_output_validates(client):
     fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
     r = client.responses.create(model="x", input="Alice is 30 years old. Give her as JSON.", text={"format": fmt},
