@@ -282,3 +282,45 @@ def test_hostile_requests_get_one_openai_error_each(server):
     assert status == 404 and "resp_nothing" in payload["error"]["message"]
     status, _, payload = raw(server, "POST", "/v1/responses", {"input": "Say hi.", "max_output_tokens": 2})
     assert status == 200 and payload["object"] == "response" and server.alive()
+
+
+def test_the_python_entry_point(chat_model_path):
+    """responseshape.create, the function behind the Python API's method: the same objects and
+    events in process; previous_response_id needs the caller's stored conversation."""
+    from openai.types.responses import Response
+
+    from specgguf.api import SpecGGUF
+    from specgguf.request import responseshape
+    from specgguf.server.responsestore import ResponseStore
+
+    with SpecGGUF(chat_model_path, draft="ngram", n_ctx=512, draft_max=4) as llm:
+        whole = responseshape.create(llm, {"input": ASK, "max_output_tokens": 6})
+        events = list(responseshape.create(llm, {"input": ASK, "max_output_tokens": 6, "stream": True}))
+        with pytest.raises(ValueError, match="previous_response_id"):
+            responseshape.create(llm, {"input": "more", "previous_response_id": whole["id"]})
+        store = ResponseStore()
+        store.put(whole, [{"type": "message", "role": "user", "content": ASK}])
+        follow = responseshape.create(llm, {"input": "And of Italy?", "previous_response_id": whole["id"],
+                                            "max_output_tokens": 6}, history=store.get(whole["id"])[1])
+    Response.model_validate(whole)
+    assert [k for k, _ in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == Response(**whole).output_text
+    assert follow["usage"]["input_tokens"] > whole["usage"]["input_tokens"] + whole["usage"]["output_tokens"]
+
+
+def test_the_store_keeps_its_bounds():
+    from specgguf.server.responsestore import ResponseStore
+
+    def response(i, text="x"):
+        return {"id": f"resp_{i}", "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]}
+    store = ResponseStore(max_responses=3, max_bytes=2000)
+    for i in range(4):
+        assert store.put(response(i), [])
+    assert len(store) == 3 and store.get("resp_0") is None  # the least recently used went first
+    store.get("resp_1")  # used: now the newest
+    store.put(response(4, "y" * 600), [])
+    assert store.get("resp_1") is not None and store.get("resp_2") is None
+    assert not store.put(response(5, "z" * 3000), [])  # alone over the byte bound: not kept
+    assert store.get("resp_5") is None and store._bytes <= 2000
+    assert store.get("resp_1")[1] == [{"type": "message", "role": "assistant", "content": "x"}]
+    assert store.delete("resp_1") and store.get("resp_1") is None and not store.delete("resp_1")
