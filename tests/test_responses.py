@@ -132,7 +132,8 @@ def test_objects_and_events_validate_against_the_sdk_models(server):
         assert status == 200, payload
         Response.model_validate(payload)
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        conn.request("POST", "/v1/responses", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/responses", json.dumps({**body, "stream": True}),
+                     {"Content-Type": "application/json"})
         events = [json.loads(line[len(b"data: "):]) for line in conn.getresponse() if line.startswith(b"data: ")]
         conn.close()
         for event in events:

@@ -113,7 +113,7 @@ def prepare(llm, body: dict, history: list[dict] | None = None) -> Turn:
     except RequestError as exc:
         raise _renamed(exc) from None
     echo = {"instructions": instructions, "tools": tools, "tool_choice": body.get("tool_choice") or "auto",
-            "temperature": body.get("temperature", 0.0), "top_p": body.get("top_p", 1.0),
+            "temperature": _given(body, "temperature", 0.0), "top_p": _given(body, "top_p", 1.0),  # greedy default
             "text": {"format": body["text"]["format"]} if (body.get("text") or {}).get("format") else
             {"format": {"type": "text"}}, "max_output_tokens": limit,
             "previous_response_id": body.get("previous_response_id"),
@@ -122,6 +122,10 @@ def prepare(llm, body: dict, history: list[dict] | None = None) -> Turn:
             "reasoning": _reasoning(body.get("reasoning")), "user": body.get("user"), "background": False,
             "service_tier": body.get("service_tier") or "default", "top_logprobs": 0, "max_tool_calls": None}
     return Turn(req, items, echo, store, stream)
+
+
+def _given(body: dict, name: str, default):
+    return default if body.get(name) is None else body[name]
 
 
 def _check_fields(body: dict) -> None:
@@ -353,9 +357,10 @@ def text_format(value):
 
 
 # The chat request's names for what the Responses body calls otherwise, for the errors prepare raises.
-_RENAMES = [(re.compile(r"^messages(\[\d+\])?.*"), "input"), (re.compile(r"^response_format(\.json_schema)?"),
-                                                               "text.format"),
-            (re.compile(r"^max_tokens$"), "max_output_tokens"), (re.compile(r"^tools\[(\d+)\]\.function"), r"tools[\1]")]
+_RENAMES = [(re.compile(r"^messages(\[\d+\])?.*"), "input"),
+            (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
+            (re.compile(r"^max_tokens$"), "max_output_tokens"),
+            (re.compile(r"^tools\[(\d+)\]\.function"), r"tools[\1]")]
 
 
 def _renamed(exc: RequestError) -> RequestError:
