@@ -14,14 +14,16 @@ from typing import Callable, Iterator
 
 from . import loading
 from .decoding.engine import Engine
-from .decoding.promptcache import PromptCache, SavedState
+from .decoding.promptcache import PromptCache
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
 from .decoding.textstream import StopStrings, TextStream
 from .drafters import DraftSpec
+from .drafters.prediction import PredictionDrafter
 from .errors import UserError
+from .llamacompat import LlamaMethods
 from .loading import MAX_PARALLEL, options as llamaargs  # noqa: F401  (MAX_PARALLEL: part of the API)
-from .request import completions, constraints, params
+from .request import completions, constraints, messagereply, params, responseshape
 from .request import prepare as preparing
 from .request.chat import ChatFormat
 from .request.prepare import Request
@@ -54,7 +56,7 @@ class Chunk:
     stats: GenerationStats | None = field(default=None, repr=False)
 
 
-class SpecGGUF:
+class SpecGGUF(LlamaMethods):
     """Speculative generation with a GGUF target and an optional draft.
 
     target: path of the target GGUF (None: the embedded Gemma 3 270M default), or a Hugging Face
@@ -165,40 +167,6 @@ class SpecGGUF:
             raise llamaargs.as_value_error(exc) from None
         return cls(path, draft=spec, **kwargs)
 
-    # -- llama_cpp.Llama's model methods -----------------------------------------------------
-    def n_ctx(self) -> int:
-        """The context window in tokens (a method, as llama_cpp.Llama's)."""
-        self._check_open()
-        return self.target.n_ctx
-
-    def n_vocab(self) -> int:
-        self._check_open()
-        return self.target.model.n_vocab
-
-    def token_eos(self) -> int:
-        self._check_open()
-        return self.target.model.eos
-
-    def token_bos(self) -> int:
-        self._check_open()
-        return self.target.model.bos
-
-    @property
-    def metadata(self) -> dict[str, str]:
-        """The GGUF's metadata, every value as text (as llama_cpp.Llama.metadata)."""
-        self._check_open()
-        if self._metadata is None:
-            self._metadata = self.target.model.metadata()
-        return dict(self._metadata)
-
-    _metadata = None
-
-    def detokenize(self, tokens, prev_tokens=None, special: bool = False) -> bytes:
-        """The bytes of `tokens`, as llama_cpp.Llama.detokenize (prev_tokens is checked and, as
-        there, changes nothing: each token's piece is read on its own)."""
-        self._check_open()
-        return preparing.token_bytes(self.target.model, tokens, prev_tokens, special)
-
     def reset(self) -> None:
         """Forget the context's contents: the next generation reads its whole prompt (saved
         states of the prompt cache stay; `set_cache(None)` drops them)."""
@@ -218,54 +186,7 @@ class SpecGGUF:
         self._check_open()
         self._loaded.set_saved_states(llamaargs.whole("capacity_bytes", capacity_bytes, 0))
 
-    def set_cache(self, cache) -> None:
-        """llama_cpp.Llama.set_cache: a `llama_cpp.LlamaRAMCache` (its capacity_bytes is used) or
-        None. A disk cache is not offered: SpecGGUF keeps its saved states in memory."""
-        if cache is None:
-            self.set_cache_bytes(0)
-            return
-        capacity = getattr(cache, "capacity_bytes", None)
-        if type(cache).__name__ != "LlamaRAMCache" or capacity is None:
-            raise params.RequestError(f"set_cache takes a llama_cpp.LlamaRAMCache or None (got "
-                                      f"{type(cache).__name__}); SpecGGUF keeps saved states in memory only",
-                                      param="cache", code="invalid_type")
-        self.set_cache_bytes(int(capacity))
-
-    def save_state(self):
-        """The caches' state after the last generation (a `promptcache.SavedState`), for
-        `load_state`; as llama_cpp.Llama.save_state."""
-        self._check_open()
-        self._one_sequence("save_state")
-        target = self.target
-        target.acquire(self)
-        try:
-            return PromptCache.of(target).snapshot(self.drafter)
-        finally:
-            target.release()
-
-    def load_state(self, state) -> None:
-        """Put back a state from `save_state` of this instance; the next prompt that shares its
-        tokens reads only the rest."""
-        self._check_open()
-        if not isinstance(state, SavedState):
-            raise params.RequestError(f"load_state takes a state from SpecGGUF.save_state (got {type(state).__name__})",
-                                      param="state", code="invalid_type")
-        self._one_sequence("load_state")
-        target = self.target
-        target.acquire(self)
-        try:
-            PromptCache.of(target).load(state, self.drafter)
-        finally:
-            target.release()
-
     # -- prompts ---------------------------------------------------------------------------
-    def tokenize(self, text: "bytes | str", add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`: UTF-8 bytes, as llama_cpp.Llama.tokenize takes (a str is taken
-        too). add_bos: begin with the model's BOS (when it uses one); special: read special-token
-        text such as '<start_of_turn>' as that token (prompts of create_completion are read so)."""
-        self._check_open()
-        return preparing.text_tokens(self.target.model, text, add_bos, special)
-
     @property
     def chat_format(self) -> ChatFormat:
         if self._chat_format is None:
@@ -305,7 +226,8 @@ class SpecGGUF:
         stop = params.stop_strings(stop)  # checked once, here: every front end passes through
         sp = sampling if isinstance(sampling, SamplingParams) else params.sampling_params(sampling or {})
         stops = StopStrings(self.target.model, stop)
-        hooks = dict(on_verified=on_verified, draft_limit=stops.draft_limit, trace=trace, prediction=prediction)
+        front = (lambda inner, width: PredictionDrafter(prediction, inner, width)) if prediction else None
+        hooks = dict(on_verified=on_verified, draft_limit=stops.draft_limit, trace=trace, prediction=front)
         if self._pool is not None:  # the free slot whose cache holds most of the prompt
             engines = self._pool.engines if speculate else \
                 self._pool.plain_engines(lambda slot: Engine(slot, None, 1))
@@ -408,32 +330,17 @@ class SpecGGUF:
         """The whole response of one request (None when cancelled before the end)."""
         return completions.full(self, req, cancelled)
 
-    def create_completion(self, prompt, max_tokens: int | None = 16, stop=None, stream: bool = False, **kwargs):
-        """Complete `prompt` (text or token ids) like `llama_cpp.Llama.create_completion`.
+    # -- the other APIs' requests (docs/server.md), the same generation underneath -----------
+    def create_message(self, **body):
+        """Anthropic's Messages API: the message dict, or with stream=True an iterator of its events."""
+        self._check_open()
+        return messagereply.create(self, body)
 
-        Returns the same dict (or, with stream=True, an iterator of chunk dicts), plus a
-        `specgguf` field with the speculative statistics on the response / the last chunk.
-        Sampling keywords (temperature, top_k, top_p, min_p, repeat_penalty,
-        presence_penalty, frequency_penalty, seed, logit_bias) default to greedy; logprobs
-        (the target's own, with the top k), echo and n (choices run one after another) work
-        as in Llama; samplers specgguf lacks (typical_p, tfs_z, mirostat_*, suffix...) raise
-        ValueError when set to anything but their off value, unknown keywords TypeError.
-        """
-        params.check_keywords(kwargs, chat=False)
-        req = self.prepare(dict(kwargs, prompt=prompt, max_tokens=max_tokens, stop=stop, stream=stream), chat=False)
-        return self.response_chunks(req) if stream else self.response(req)
-
-    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, stop=None,
-                               stream: bool = False, **kwargs):
-        """Answer `messages` like `llama_cpp.Llama.create_chat_completion` (same dict shapes,
-        plus `specgguf`), with the GGUF's chat template or the stated fallback."""
-        params.check_keywords(kwargs, chat=True)
-        body = dict(kwargs, messages=messages, max_tokens=max_tokens, stop=stop, stream=stream)
-        req = self.prepare(body, chat=True)
-        return self.response_chunks(req) if stream else self.response(req)
-
-    chat = create_chat_completion
-    __call__ = create_completion
+    def create_response(self, history: list[dict] | None = None, **body):
+        """OpenAI's Responses API: a Response dict, or with stream=True (event type, event) pairs.
+        history: the conversation a stored response holds, for `previous_response_id`."""
+        self._check_open()
+        return responseshape.create(self, body, history)
 
     # -- resources -------------------------------------------------------------------------
     def close(self) -> None:

@@ -104,8 +104,10 @@ LAYERS = {
     "specgguf.inspection": {"specgguf.runtime", "specgguf.drafters"},
     "specgguf.request": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters"},
     "specgguf.loading": {"specgguf.runtime", "specgguf.converters", "specgguf.decoding", "specgguf.drafters"},
+    "specgguf.llamacompat": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters", "specgguf.request",
+                             "specgguf.loading"},
     "specgguf.api": {"specgguf.runtime", "specgguf.decoding", "specgguf.drafters", "specgguf.request",
-                     "specgguf.loading"},
+                     "specgguf.loading", "specgguf.llamacompat"},
 }
 
 

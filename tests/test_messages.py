@@ -406,11 +406,11 @@ def test_hostile_requests_get_one_anthropic_error_each(plain):
 
 
 def test_the_python_function_and_thinking_switch(tmp_path):
-    """messagereply.create is the Python API's call; thinking reaches a template's enable_thinking,
+    """SpecGGUF.create_message (messagereply.create); thinking reaches a template's enable_thinking,
     and what the model then reasons comes back as a thinking block (here a template that opens
     <think> itself, as Qwen3's thinking models do; the synthetic target writes random tokens)."""
     from specgguf.api import SpecGGUF
-    from specgguf.request import messagereply, messages
+    from specgguf.request import messages
     from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
 
     template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -424,15 +424,15 @@ def test_the_python_function_and_thinking_switch(tmp_path):
         assert off > default == on  # disabled closes the template's think block in the prompt
         for thinking, kind in (("adaptive", "thinking"), ("disabled", "text")):
             body = {"max_tokens": 4, "messages": ASK, "thinking": {"type": thinking}}
-            msg = messagereply.create(llm, body)
+            msg = llm.create_message(**body)
             assert [b["type"] for b in msg["content"]] == [kind] and msg["stop_reason"] == "max_tokens"
-            events = list(messagereply.create(llm, {**body, "stream": True}))
+            events = list(llm.create_message(**body, stream=True))
             assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
             deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
             assert "".join(d.get(kind, "") for d in deltas) == msg["content"][0][kind]
             assert deltas[-1]["type"] == ("signature_delta" if kind == "thinking" else "text_delta")
         with pytest.raises(ValueError, match="max_tokens"):
-            messagereply.create(llm, {"messages": ASK})
+            llm.create_message(messages=ASK)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])

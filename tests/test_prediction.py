@@ -212,3 +212,4 @@ def test_openai_client_predicted_outputs(invariant_server):
                                        prediction={"type": "content", "content": 5})
     assert err.value.body["param"] == "prediction.content"
     assert invariant_server.alive()
+

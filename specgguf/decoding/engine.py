@@ -192,19 +192,18 @@ class Generation:
 
     def __init__(self, engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                  cancelled=None, grammar: str | None = None, on_verified=None, draft_limit=None, trace=None,
-                 prediction: list[int] | None = None):
+                 prediction=None):
         self.engine, self.prompt, self.max_tokens = engine, prompt, max_tokens
-        # Predicted Outputs: tokens the output is expected to repeat, drafted from in front of
-        # the engine's drafter (drafters/prediction.py); None: none given
-        self.prediction = None if not prediction else list(prediction)
+        # Predicted Outputs: prediction(drafter, verify_width) -> the drafter this generation runs,
+        # the request's prediction in front of the engine's drafter (drafters/prediction.py, built
+        # above this layer); None: no prediction
+        self.prediction = prediction
         self.grammar, self.constraint = grammar, None  # the constraint is built when the run starts
         self.cancelled = cancelled or (lambda: False)
         # None: plain greedy, the hot path that touches no probability vector at all
         plain = sampling is None or (sampling.greedy and not sampling.penalized and not sampling.logit_bias)
         self.sampler = None if plain else Sampler(sampling)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
-        if self.prediction is not None:
-            self.stats.prediction = {"tokens": len(self.prediction), "rounds": 0, "drafted": 0, "accepted": 0}
         self._seeded = sampling is not None and sampling.seed is not None
         self._bind(engine)
         # (pool, engines): the engine is chosen among these, one per slot, when the run starts
@@ -233,9 +232,8 @@ class Generation:
         # the loop's drafter: the engine's, behind the request's prediction when there is one
         self.drafter = engine.drafter
         if self.prediction is not None:
-            from ..drafters.prediction import PredictionDrafter
-
-            self.drafter = PredictionDrafter(self.prediction, engine.drafter, getattr(engine.target, "verify_width", None))
+            self.drafter = self.prediction(engine.drafter, getattr(engine.target, "verify_width", None))
+            self.stats.prediction = {"tokens": len(self.drafter.tokens), "rounds": 0, "drafted": 0, "accepted": 0}
         self._drafter_samples = self.sampler is not None and self.drafter is not None and self.drafter.samples
         self.lengths = engine.lengths
         if self.lengths is not None and (engine.deterministic or self._seeded):

@@ -10,6 +10,19 @@ from dataclasses import dataclass
 _TRANSCRIPT = ("plain 'User:/Assistant:' transcript", "{Role}: {content}\n", "Assistant:", "\nUser:")
 
 
+# The variable Qwen3-style templates read to think or not: Anthropic's `thinking`, the Responses
+# API's `reasoning.effort` and Chat Completions' `reasoning_effort` turn it (docs/server.md).
+THINKING_SWITCH = "enable_thinking"
+# efforts that ask for no reasoning; any other effort asks for it
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning efforts
+NO_EFFORT = ("none", "minimal")
+
+
+def effort_thinks(effort: str | None) -> bool | None:
+    """An OpenAI reasoning effort as the thinking switch: None leaves the template's default."""
+    return None if effort is None else effort not in NO_EFFORT
+
+
 @dataclass
 class ChatFormat:
     name: str  # "the GGUF's chat template" or the fallback's name
@@ -29,6 +42,18 @@ class ChatFormat:
             return cls("the GGUF's chat template", False, template, bos_text=bos, eos_text=eos)
         name, turn, gen, stop = _TRANSCRIPT
         return cls(name, True, None, turn, gen, bos, eos, stop=(stop,))
+
+    @property
+    def thinks_on_request(self) -> bool:
+        """The template has a thinking switch (THINKING_SWITCH) a request can turn."""
+        return bool(self.template) and THINKING_SWITCH in self.template
+
+    def thinking_vars(self, thinking: bool | None) -> dict | None:
+        """The template variables that ask for thinking (True), none (False) or the template's
+        default (None); None when the template has no switch: nothing can ask it to think."""
+        if thinking is None or not self.thinks_on_request:
+            return None
+        return {THINKING_SWITCH: thinking}
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, variables: dict | None = None) -> str:
         """The prompt text; `tools` (OpenAI's list) reach a template that renders them (tools.py

@@ -435,22 +435,6 @@ def anthropic_words(exc: RequestError) -> RequestError:
     return RequestError(message, param=param, code=exc.code, status=exc.status, kind=exc.kind)
 
 
-THINKING_SWITCH = "enable_thinking"  # the variable Qwen3-style templates read to think or not
-
-
-def has_switch(llm) -> bool:
-    template = llm.chat_format.template
-    return bool(template) and THINKING_SWITCH in template
-
-
-def thinking_vars(llm, thinking: bool | None) -> dict | None:
-    """The template variables for `thinking`: the template's own switch when it has one; else
-    none (the template has no way to ask for thinking, so `thinking` changes nothing)."""
-    if thinking is None or not has_switch(llm):
-        return None
-    return {THINKING_SWITCH: thinking}
-
-
 def prepare(llm, body: dict, counting: bool = False) -> tuple:
     """(the checked, tokenized `prepare.Request`, `Asked`) for an Anthropic body; counting: a
     count_tokens body (max_tokens optional, nothing generated)."""
@@ -458,11 +442,11 @@ def prepare(llm, body: dict, counting: bool = False) -> tuple:
 
     chat, thinking = chat_body(body, counting)
     try:
-        req = preparing.prepare(llm, chat, chat=True, template_vars=thinking_vars(llm, thinking))
+        req = preparing.prepare(llm, chat, chat=True, template_vars=llm.chat_format.thinking_vars(thinking))
     except RequestError as exc:
         raise anthropic_words(exc) from None
     # absent thinking leaves the template's default, which is on for Qwen3-style templates
-    thinks = has_switch(llm) and thinking is not False
+    thinks = llm.chat_format.thinks_on_request and thinking is not False
     tail = llm.detokenize(req.tokens[-16:], special=True).decode("utf-8", "replace").rstrip() if thinks else ""
     return req, Asked(list(body.get("stop_sequences") or []), thinks, tail.endswith("<think>"))
 

@@ -285,7 +285,7 @@ CHAT_KEYS = {"messages", "functions", "function_call", "tools", "tool_choice", "
              "min_p", "typical_p", "stream", "stop", "seed", "response_format", "max_tokens", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model",
              "logits_processor", "grammar", "logit_bias", "logprobs", "top_logprobs", "n", "stream_options",
-             "max_completion_tokens", "parallel_tool_calls", "specgguf", "prediction"}
+             "max_completion_tokens", "parallel_tool_calls", "specgguf", "prediction", "reasoning_effort"}
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 MAX_LOGIT_BIAS = 1 << 16  # entries of logit_bias (OpenAI allows 300; a 262k vocabulary may want more bans)
@@ -421,3 +421,14 @@ def prediction_text(value) -> str | None:
         raise RequestError(f"{where}: 'content' must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
                            "parts", param="prediction.content", code="invalid_value")
     return "".join(p["text"] for p in content) or None
+
+
+def reasoning_effort(values: dict) -> str | None:
+    """Chat Completions' `reasoning_effort`, checked (request/chat.py maps it to a thinking switch)."""
+    from .chat import EFFORTS
+
+    effort = values.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise RequestError(f"'reasoning_effort' must be one of {', '.join(EFFORTS)} (got {effort!r})"[:300],
+                           param="reasoning_effort", code="invalid_value")
+    return effort

@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 
 from . import constraints, params
+from .chat import effort_thinks
 from .tools import ToolSet
 from .trace import trace_option
 
@@ -58,6 +59,8 @@ def prepare(llm, body: dict, chat: bool, template_vars: dict | None = None) -> R
     extras = params.choice_options(body, chat, stream)
     grammar, toolset = structure(llm, body, chat)
     if chat:
+        if template_vars is None:  # Chat Completions' reasoning_effort turns a thinking switch (chat.py)
+            template_vars = llm.chat_format.thinking_vars(effort_thinks(params.reasoning_effort(body)))
         tokens = chat_tokens(llm, params.messages_value(body.get("messages")), toolset, template_vars)
         stop = params.stop_strings(body.get("stop"), llm.chat_format.stop)
         wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)

@@ -23,15 +23,17 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..errors import RequestError, UserError
-from ..request import messagereply, messages as anthropic_request
+from ..request import messagereply, messages as anthropic_request, responses, responseshape
 from . import anthropic, webpage
 from .access import AccessMiddleware, AccessRules
 from .metrics import Metrics
+from .responsestore import MAX_BYTES, MAX_RESPONSES, ResponseStore
 from .worker import QueueFull, Scheduler
 
 MAX_BODY = 16 * 1024 * 1024  # a prompt this long in bytes cannot fit any context we load
 MAX_NESTING = 128  # JSON levels in a body: a schema may nest 32 subschemas (request/grammarlimits.py)
 PREPARE_TIMEOUT = 60.0  # seconds a request's preparation may take before the client gets a 503
+KEEPALIVE_S = 10  # a Responses stream's `: keep-alive` comment while a long prompt is read (docs/server.md)
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None,
@@ -282,6 +284,57 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         """The cost profile auto draft lengths have measured so far (the chat page's cost curve)."""
         return JSONResponse(await off_loop(llm.cost_profile))
 
+    # -- the Responses API (docs/server.md): request/responses.py translates, responseshape.py shapes
+    store = ResponseStore()
+
+    def stored(response_id: str, param: str | None = None):
+        found = store.get(response_id)
+        if found is None:
+            raise RequestError(f"no stored response has the id {response_id[:80]!r}: it was made with store: false, "
+                               f"deleted, or evicted (this server keeps the last {MAX_RESPONSES} responses, "
+                               f"{MAX_BYTES >> 20} MiB)", status=404, param=param, code="response_not_found")
+        return found
+
+    async def create_response(request: Request):
+        body = await _json_body(request)
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
+                               code="invalid_type")
+        if strict_model_name and name not in (None, model_id):
+            return _unknown_model(name)
+        previous = responses.previous_id(body)
+        history = None if previous is None else stored(previous, "previous_response_id")[1]
+        turn = await off_loop(responses.prepare, llm, body, history)
+        turn.req.model = model_id
+
+        def keep(response: dict) -> None:
+            metrics.observe(response.get("specgguf"))
+            if turn.store:
+                store.put(response, turn.items)
+        if turn.stream:
+            stream = responseshape.Events(turn, model_id)
+            opening = stream.opening()  # sent at once, before the job waits its turn and reads the prompt
+            job = scheduler.submit(lambda cancelled: responseshape.events(
+                turn, model_id, llm.response_chunks(turn.req, cancelled), cancelled, stream))
+            return EventSourceResponse(_response_sse(opening, job, stream, keep), sep="\n", ping=KEEPALIVE_S,
+                                       ping_message_factory=_keepalive, send_timeout=60)
+        job = scheduler.submit(lambda cancelled: [llm.response(turn.req, cancelled)])
+        chat = await _whole(request, job)
+        if chat is None:  # cancelled: the client has gone, nobody reads this
+            return error_response(499, "the client closed the request", code="cancelled")
+        out = responseshape.response(turn, model_id, chat)
+        keep(out)
+        return JSONResponse(out)
+
+    async def stored_response(request: Request):
+        response_id = request.path_params["response_id"]
+        response = stored(response_id)[0]
+        if request.method == "DELETE":
+            store.delete(response_id)
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+        return JSONResponse(response)
+
     async def metrics_text(request: Request):
         return PlainTextResponse(metrics.render(queue_status()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -294,6 +347,8 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/extras/tokenize", extras_tokenize, methods=["POST"]),
@@ -358,6 +413,39 @@ async def _sse(job, metrics: Metrics):
     except Exception as exc:  # a failure mid-stream: the status is sent already, so say it in-band
         yield {"data": json.dumps({"error": {"message": f"generation failed: {exc}", "type": "server_error",
                                              "param": None, "code": None}})}
+    finally:
+        job.cancel()
+
+
+async def _whole(request: Request, job):
+    """The one item of a job that is not streamed (None when cancelled); a disconnect cancels it."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        items = [item async for item in job]
+    finally:
+        watcher.cancel()
+    return items[0] if items else None
+
+
+def _keepalive():
+    from sse_starlette.event import ServerSentEvent
+
+    return ServerSentEvent(comment="keep-alive", sep="\n")
+
+
+async def _response_sse(opening, job, stream, keep):
+    """A Responses stream as named server-sent events (`event: <type>`); no [DONE]. A failure
+    mid-stream ends it with response.failed; leaving early (a disconnect) cancels the job."""
+    try:
+        for kind, event in opening:
+            yield {"event": kind, "data": json.dumps(event)}
+        async for kind, event in job:
+            if kind in ("response.completed", "response.incomplete"):
+                keep(event["response"])
+            yield {"event": kind, "data": json.dumps(event)}
+    except Exception as exc:  # the status is sent already: say it in-band
+        kind, event = stream.failed(f"generation failed: {exc}")
+        yield {"event": kind, "data": json.dumps(event)}
     finally:
         job.cancel()
 
