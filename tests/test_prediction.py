@@ -134,11 +134,12 @@ def test_greedy_output_with_a_prediction_is_plain_output(qwen_plain, qwen3_targe
         p = got.stats.prediction
         assert p["accepted"] > 0 and p["rounds"] > 0 and p["drafted"] >= p["accepted"]
         assert got.stats.accepted >= p["accepted"]
-    # a prediction the output follows whole is drafted whole, and needs few target passes
-    assert exact.stats.prediction["accepted"] >= 0.8 * len(want)
-    assert exact.stats.rounds < 0.4 * len(want)
-    # the edited one: drafted again after each of its two departures
-    assert edited.stats.prediction["accepted"] >= 0.5 * len(want)
+    # a prediction the output follows whole needs few target passes
+    assert exact.stats.accepted >= 0.8 * len(want) and exact.stats.rounds < 0.4 * len(want)
+    assert edited.stats.accepted >= 0.5 * len(want)
+    if draft is None:  # alone, the prediction drafts it all: again after each of the edit's departures
+        assert exact.stats.prediction["accepted"] >= 0.8 * len(want)
+        assert edited.stats.prediction["accepted"] >= 0.5 * len(want)
 
 
 def test_sampled_output_with_a_seed_is_unchanged(qwen_plain):

@@ -5,18 +5,19 @@ The prediction is aligned with the output as it grows. While the output follows 
 round drafts the prediction's next tokens. When the output departs (an edit), the alignment
 is lost; every round then looks for the output's last tokens in the prediction again, forward
 of where it was last aligned first (edits keep the file's order), and drafting resumes where
-the output rejoins it. Rounds where the prediction offers nothing go to the engine's drafter
+the output rejoins it (never at a place where the output already declined to go on). Rounds where the prediction offers nothing go to the engine's drafter
 (ngram, suffix, a draft model, ...), or draft nothing when there is none.
 
 The prediction never goes through a model: its tokens are point masses to every acceptance
 rule, so the output is the target's own, as with any other draft. Its drafts are scored as
 the n-gram lookup scores a match (ngram.match_confidence), by how long the output has followed
-the prediction, so `--draft-max auto` keeps the prefix that pays.
+the prediction, so `--draft-max auto` keeps the prefix that pays; where the engine's drafter
+offers a better draft (its own lookup of the output, say), the round takes that one.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right, insort
 
 from .base import Drafter
 from .ngram import MATCH_CAP, match_confidence
@@ -26,6 +27,7 @@ KEY = 2  # tokens of output that must match the prediction to re-align (one toke
 START_RUN = 1  # the output's first tokens are scored as a match this long: an edit may start with
 # the file, a chat answer often with a line of its own first
 CANDIDATES = 64  # occurrences of a key weighed per re-alignment (the nearest forward ones)
+PRIOR_WEIGHT = 2.0  # pseudo-count of the match-length score against this output's own alignments
 
 
 class PredictionDrafter(Drafter):
@@ -55,6 +57,13 @@ class PredictionDrafter(Drafter):
         self._run = START_RUN  # how many tokens the alignment has held (scores the drafts)
         self._ways = 1  # how many places in the prediction the last re-alignment fitted equally well
         self._last_at = 0  # where the output was last aligned: re-alignment looks forward of it
+        # places where the output declined to go on with the prediction: a re-alignment never
+        # lands on one again (an output in a loop would draft the same refused tokens each time)
+        self._refused: set[int] = set()
+        # how long each alignment held before the output left it (sorted): this output's own
+        # measure of how far the prediction is followed (`_scores`)
+        self._segments: list[int] = []
+        self._inner_out: list[int] | None = None  # the engine's drafter's draft of this round, if asked
 
     def describe(self) -> str:
         base = f"the request's prediction ({len(self.tokens)} tokens)"
@@ -108,6 +117,8 @@ class PredictionDrafter(Drafter):
             else:
                 if at is not None:
                     self._last_at = at
+                    self._refused.add(at)
+                    insort(self._segments, run)
                 at, run = None, 0
         if at is not None:
             self._last_at = at
@@ -128,6 +139,8 @@ class PredictionDrafter(Drafter):
         nearby = ends[first:first + CANDIDATES] + ends[max(first - CANDIDATES, 0):first][::-1]
         pred, best, best_len, ties = self.tokens, None, 0, 0
         for end in nearby:
+            if end in self._refused:
+                continue
             m = KEY  # extend the match backwards, within the output, up to MATCH_CAP
             while m < min(MATCH_CAP, n_out) and end - m - 1 >= 0 and \
                     pred[end - m - 1] == history[len(history) - m]:
@@ -144,13 +157,62 @@ class PredictionDrafter(Drafter):
             self._realign(history, id_last)
         n = min(n_max, self.max_length)
         self.last_q = None
-        if self._at is not None and self._at < len(self.tokens) and n > 0:
-            out = self.tokens[self._at:self._at + n]
-            self.source = "prediction"
-            ways = [self._ways] * len(out) if self._ways > 1 else None
-            self.last_confidence = match_confidence(min(self._run, MATCH_CAP), len(out), ways)
-            return out
-        return self._inner_draft(history, id_last, pos0, n, sampler)
+        if self._at is None or self._at >= len(self.tokens) or n <= 0:
+            return self._inner_draft(history, id_last, pos0, n, sampler)
+        out = self.tokens[self._at:self._at + n]
+        conf = self._scores(len(out))
+        if self._inner_wins(history, id_last, pos0, n, sampler, conf):
+            return self._inner_out
+        self.source, self.last_confidence = "prediction", conf
+        return out
+
+    def _scores(self, n: int) -> list[float]:
+        """Raw confidence of the next n prediction tokens: the match-length score, weighed against
+        how long alignments have held in this output so far (of those that reached the run
+        length of token i, the share that went on past it). An output that keeps leaving the
+        prediction after a line (the block re-indented, say) gets short drafts from it."""
+        run = self._run
+        ways = [self._ways] * n if self._ways > 1 else None
+        base = match_confidence(min(run, MATCH_CAP), n, ways)
+        segs = self._segments
+        if not segs:
+            return base
+        out = []
+        for i, b in enumerate(base):
+            reached = len(segs) - bisect_left(segs, run + i)
+            went_on = len(segs) - bisect_right(segs, run + i)
+            out.append((went_on + PRIOR_WEIGHT * b) / (reached + PRIOR_WEIGHT))
+        return out
+
+    def _inner_wins(self, history, id_last, pos0, n, sampler, conf) -> bool:
+        """Does the engine's drafter offer more than the prediction this round? Where the output
+        has left the prediction in a way the prediction cannot follow (a block re-indented),
+        a lookup of the output's own text drafts better. A pure lookup (ngram, suffix: free) is
+        asked every round and the two drafts are valued as the hybrid values its sources
+        (tuning.LengthController.value), or by the first token's score with a fixed length; a
+        drafter with a model is asked only when its planned draft is worth more."""
+        inner, chooser = self.inner, self.chooser
+        self._inner_out = None
+        if inner is None:
+            return False
+        if inner.lookup and inner.model_path is None:
+            theirs = self._inner_draft(history, id_last, pos0, n, sampler)
+            their_conf = self.last_confidence or []
+            if not theirs:
+                return False
+            if chooser is not None:
+                wins = chooser.value(their_conf)[1] > chooser.value(conf)[1]
+            else:
+                wins = their_conf[0] > conf[0]
+            self._inner_out = theirs
+            return wins
+        if chooser is None or inner.lookup:
+            return False  # fixed lengths, or a hybrid (it would run its model to compare): the prediction
+        n_model = min(chooser.next_length(), inner.max_length, n)
+        if n_model <= 0 or chooser.plan_rate(n_model) <= chooser.value(conf)[1]:
+            return False
+        self._inner_out = self._inner_draft(history, id_last, pos0, n_model, sampler)
+        return True
 
     def _inner_draft(self, history, id_last, pos0, n, sampler) -> list[int]:
         inner = self.inner
