@@ -325,3 +325,25 @@ def test_langchain_openai_chat_and_tool_call(tool_server):
     assert call["name"] == "get_weather"
     check_call({"id": call["id"], "type": "function",
                 "function": {"name": call["name"], "arguments": json.dumps(call["args"])}}, WEATHER["function"])
+
+
+def test_an_agent_loop_reads_only_each_turns_new_tokens(tool_target):
+    """Agent traffic: each request resends the system prompt, the tools and every earlier turn
+    (its tool calls and results). Their rendering is the same from one request to the next, so
+    the prompt of turn k is a prefix of turn k+1's and, with a drafter running, the prompt cache
+    reads only what the turn added (the call, its result and the new request)."""
+    system = {"role": "system", "content": "You are an agent. " * 40}
+    with SpecGGUF(tool_target, draft="ngram", n_ctx=2048) as llm:
+        messages, previous = [system, *ASK], None
+        for turn in range(3):
+            r = llm.create_chat_completion(messages, tools=[TIME], tool_choice="required", parallel_tool_calls=False,
+                                           max_tokens=160)
+            prompt = llm.chat_prompt(messages, ToolSet([TIME], "required", TEMPLATE, "qwen3"))
+            if previous is not None:
+                assert prompt[:len(previous)] == previous, f"turn {turn + 1} re-renders an earlier turn"
+                # all that the last request read is reused, less its last token (decoded with the output)
+                assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(previous) - 1
+            previous = prompt
+            call = r["choices"][0]["message"]["tool_calls"][0]
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"ok": turn})}]
