@@ -86,6 +86,20 @@ def test_the_engines_drafter_drafts_where_the_prediction_has_nothing():
     assert d.d.last_confidence == inner.last_confidence
 
 
+def test_a_prediction_the_prompt_holds_leaves_the_lookup_to_draft():
+    """An edit request that quotes the file: the engine's n-gram lookup already drafts from it
+    (and from the output's own text), so the prediction stands aside rather than compete."""
+    d = PredictionDrafter(PRED, NgramDrafter(2, 3))
+    d.start(None)
+    d.begin([*PRED, 900, 901])
+    assert d.redundant
+    out = d.draft([*PRED, 900, 901, *PRED[:5]], PRED[5], len(PRED) + 7, 4)
+    assert out == PRED[6:10] and d.source == "drafter"
+    alone = PredictionDrafter(PRED, NgramDrafter(2, 3))
+    alone.begin([900, 901, *PRED[:20]])  # a third of it: not held
+    assert not alone.redundant
+
+
 def test_drafts_stay_inside_the_batch_invariant_width():
     assert PredictionDrafter(PRED, verify_width=5).max_length == 4
     d = Drive(PredictionDrafter(PRED, verify_width=5))

@@ -28,6 +28,9 @@ START_RUN = 1  # the output's first tokens are scored as a match this long: an e
 # the file, a chat answer often with a line of its own first
 CANDIDATES = 64  # occurrences of a key weighed per re-alignment (the nearest forward ones)
 PRIOR_WEIGHT = 2.0  # pseudo-count of the match-length score against this output's own alignments
+# a prediction the prompt already holds (an edit request quotes the file): sampled windows of
+# WINDOW tokens, and the share of them that must occur in the prompt for it to count as held
+WINDOW, SAMPLES, HELD = 8, 16, 0.75
 
 
 class PredictionDrafter(Drafter):
@@ -64,6 +67,7 @@ class PredictionDrafter(Drafter):
         # measure of how far the prediction is followed (`_scores`)
         self._segments: list[int] = []
         self._inner_out: list[int] | None = None  # the engine's drafter's draft of this round, if asked
+        self.redundant = False  # the engine's lookup has the prediction already (begin): it drafts alone
 
     def describe(self) -> str:
         base = f"the request's prediction ({len(self.tokens)} tokens)"
@@ -87,6 +91,18 @@ class PredictionDrafter(Drafter):
         self._out0 = len(history) + 1  # history is the prompt minus its last token (id_last)
         if self.inner is not None:
             self.inner.begin(history)
+            # a free lookup over a prompt that holds the prediction already drafts all it would
+            # (and learns where the output departs): the prediction then stands aside
+            self.redundant = self.inner.lookup and self.inner.model_path is None and self._held_in(history)
+
+    def _held_in(self, history) -> bool:
+        pred = self.tokens
+        if len(pred) < WINDOW:
+            return False
+        windows = {tuple(history[i:i + WINDOW]) for i in range(len(history) - WINDOW + 1)}
+        step = max((len(pred) - WINDOW) // (SAMPLES - 1), 1)
+        starts = range(0, len(pred) - WINDOW + 1, step)
+        return sum(tuple(pred[i:i + WINDOW]) in windows for i in starts) >= HELD * len(starts)
 
     def process(self, tokens, pos0: int) -> None:
         if self.inner is not None:
@@ -152,6 +168,8 @@ class PredictionDrafter(Drafter):
         self._at, self._run, self._ways = best, best_len, ties
 
     def draft(self, history, id_last: int, pos0: int, n_max: int, sampler=None) -> list[int]:
+        if self.redundant:
+            return self._inner_draft(history, id_last, pos0, min(n_max, self.max_length), sampler)
         self._follow(history, id_last)
         if self._at is None:
             self._realign(history, id_last)
