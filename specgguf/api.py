@@ -2,9 +2,10 @@
 
 The loader (loading/) builds what runs; this module only faces it. Three layers, thinnest on
 top: `generate()`/`stream()` for plain Python use; `create_completion()`/
-`create_chat_completion()` with the dict shapes of llama_cpp.Llama (so an app can swap it in);
-and `prepare()`/`response_chunks()`, the request-level pieces (request/prepare.py,
-request/completions.py) that the HTTP server drives from its worker thread.
+`create_chat_completion()` with the dict shapes of llama_cpp.Llama (so an app can swap it in;
+llamacompat.py), and `create_message()` / `create_response()` with Anthropic's and OpenAI's
+Responses shapes; and `prepare()`/`response_chunks()`, the request-level pieces
+(request/prepare.py, request/completions.py) that the HTTP server drives from its worker thread.
 """
 
 from __future__ import annotations
