@@ -171,14 +171,20 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         return error_response(404, f"the model {name!r} does not exist; this server has {model_id!r}",
                               param="model", code="model_not_found")
 
-    async def complete(request: Request, chat: bool):
-        body = await _json_body(request)
+    def wrong_model(body: dict) -> JSONResponse | None:
+        """The 404 for a body naming another model under --strict-model-name, else None (any
+        name gets the one model); a name that is not a string is a 400."""
         name = body.get("model")
         if name is not None and not isinstance(name, str):
             raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
                                code="invalid_type")
-        if strict_model_name and name not in (None, model_id):
-            return _unknown_model(name)
+        return _unknown_model(name) if strict_model_name and name not in (None, model_id) else None
+
+    async def complete(request: Request, chat: bool):
+        body = await _json_body(request)
+        refused = wrong_model(body)
+        if refused is not None:
+            return refused
         req = await off_loop(llm.prepare, body, chat=chat)
         req.model = model_id
         if req.stream:
@@ -254,12 +260,9 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     async def extras_tokenize(request: Request):
         """llama-cpp-python's POST /extras/tokenize (and /count): input -> {"tokens"} or {"count"}."""
         body = await _json_body(request)
-        name = body.get("model")
-        if name is not None and not isinstance(name, str):
-            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
-                               code="invalid_type")
-        if strict_model_name and name not in (None, model_id):
-            return _unknown_model(name)
+        refused = wrong_model(body)
+        if refused is not None:
+            return refused
         text, count = _field(body, "input", str), request.url.path.endswith("/count")
 
         def work():
@@ -270,12 +273,9 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
     async def extras_detokenize(request: Request):
         """llama-cpp-python's POST /extras/detokenize: tokens -> {"text"}."""
         body = await _json_body(request)
-        name = body.get("model")
-        if name is not None and not isinstance(name, str):
-            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
-                               code="invalid_type")
-        if strict_model_name and name not in (None, model_id):
-            return _unknown_model(name)
+        refused = wrong_model(body)
+        if refused is not None:
+            return refused
         tokens = _field(body, "tokens", list)
         text = await off_loop(lambda: llm.detokenize(tokens).decode("utf-8", "replace"))
         return JSONResponse({"text": text})
@@ -297,12 +297,9 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
 
     async def create_response(request: Request):
         body = await _json_body(request)
-        name = body.get("model")
-        if name is not None and not isinstance(name, str):
-            raise RequestError(f"'model' must be a string (got {type(name).__name__})", param="model",
-                               code="invalid_type")
-        if strict_model_name and name not in (None, model_id):
-            return _unknown_model(name)
+        refused = wrong_model(body)
+        if refused is not None:
+            return refused
         previous = responses.previous_id(body)
         history = None if previous is None else stored(previous, "previous_response_id")[1]
         turn = await off_loop(responses.prepare, llm, body, history)
