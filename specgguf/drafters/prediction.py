@@ -181,7 +181,7 @@ class PredictionDrafter(Drafter):
         conf = self._scores(len(out))
         if self._inner_wins(history, id_last, pos0, n, sampler, conf):
             return self._inner_out
-        self.source, self.last_confidence = "prediction", conf
+        self.source, self.last_confidence, self.last_q = "prediction", conf, None  # point masses
         return out
 
     def _scores(self, n: int) -> list[float]:
