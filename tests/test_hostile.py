@@ -246,7 +246,7 @@ for j, value in enumerate([5, [], {"root": "x"}, True]):
 case("grammar_and_format", CHAT, chat(grammar='root ::= "a"', response_format={"type": "json_object"}), 400,
      "grammar", "not both")
 
-# -- tools: every tool's parameters, whatever tool_choice; parallel_tool_calls ------------------------
+# -- tools: every tool's parameters where a call is forced (under its grammar); parallel_tool_calls ------
 BAD_PARAMETERS = [({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}}, "'maximum'"),
                   ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 50000}}}, "'maxLength'"),
                   ({"type": "array", "items": {}, "minItems": 5, "maxItems": 1}, "is larger than"),
@@ -255,7 +255,10 @@ BAD_PARAMETERS = [({"type": "object", "properties": {"a": {"type": "integer", "m
                   (deep_schema(40), "the limit is 32"),
                   ({"type": "nonsense"}, "llama-cpp-python")]
 for choice in ("auto", "none", "required", {"type": "function", "function": {"name": "f"}}, None):
+    forced = choice == "required" or isinstance(choice, dict)
     for k, (params_schema, fragment) in enumerate(BAD_PARAMETERS):
+        if not forced:
+            continue  # unforced, a schema only reaches the prompt: no grammar to bound (test_tools)
         fields = {"tools": [tool(params_schema)]}
         if choice is not None:
             fields["tool_choice"] = choice
@@ -510,7 +513,8 @@ API_CASES = [
      SCHEMA_PARAM, "16384"),
     ("parallel_not_bool", lambda m: m.create_chat_completion(MSG, tools=[tool()], parallel_tool_calls="no"),
      "parallel_tool_calls", "true or false"),
-    ("tool_params_auto", lambda m: m.create_chat_completion(MSG, tools=[tool({"type": "integer", "minimum": 1})]),
+    ("tool_params_forced", lambda m: m.create_chat_completion(MSG, tools=[tool({"type": "integer", "minimum": 1})],
+                                                              tool_choice="required"),
      TOOL_PARAM, "'minimum'"),
     ("tokenize_numpy", lambda m: m.tokenize(_numpy_prompt()), "text", "bytes or str"),
     ("detokenize_bad", lambda m: m.detokenize([10 ** 9]), "tokens", "outside the vocabulary"),

@@ -334,9 +334,9 @@ HOSTILE = [
     (_msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400, "server tools"),
     (_msg(tools=[WEATHER, WEATHER]), 400, "twice"),
     (_msg(tools=[{**TIME, "input_schema": {"type": "object", "properties": {"a": {"type": "string",
-                                                                                   "maxLength": 10 ** 6}}}}]),
-     400, "input_schema"),
-    (_msg(tools=[HUGE]), 400, "limit"),
+                                                                                   "maxLength": 10 ** 6}}}}],
+          tool_choice={"type": "any"}), 400, "input_schema"),  # forced: decoded under its grammar
+    (_msg(tools=[HUGE], tool_choice={"type": "any"}), 400, "limit"),
     (_msg(tools=[{"name": f"t{i}", "input_schema": {"type": "object"}} for i in range(129)]), 400, "limit"),
     (_msg(tools=[WEATHER], tool_choice="auto"), 400, "tool_choice"),
     (_msg(tools=[WEATHER], tool_choice={"type": "function"}), 400, "tool_choice"),
@@ -366,6 +366,8 @@ HOSTILE = [
      "input must be an object"),
     (_turns(WEATHER_Q[0], {**CALL, "content": [{**CALL["content"][0], "id": ""}]}, *ASK), 400, "non-empty"),
     ({**_msg(), "messages": [{"role": "user", "content": "x" * 40000}]}, 400, "context"),
+    (_msg(context_management={"edits": "all"}), 400, "context_management"),
+    (_msg(context_management=[{"type": "clear_thinking_20251015"}]), 400, "context_management"),
 ]
 
 
@@ -528,3 +530,18 @@ def test_every_field_of_a_body_swapped_for_any_type_is_refused_in_words(qwen3_ta
                     prepare(llm, _replaced(body, path, new))
                 except RequestError as exc:
                     assert str(exc) and "Traceback" not in str(exc)
+
+
+def test_what_claude_code_sends_is_taken(plain):
+    """Fields Claude Code sends on every request (seen from Claude Code 2.1 against this server):
+    context_management (accepted, no edit made), thinking with a budget, a metadata user_id that
+    is JSON text, and tool schemas with keywords a grammar could not enforce (maximum, a 512k
+    maxLength): under tool_choice auto they only reach the prompt."""
+    body = _msg(metadata={"user_id": json.dumps({"device_id": "d", "session_id": "s"})},
+                tools=[{"name": "Bash", "description": "Run a command", "input_schema": {
+                    "type": "object", "required": ["command"], "properties": {
+                        "command": {"type": "string", "maxLength": 524288},
+                        "timeout": {"type": "number", "maximum": 600000}}}}])
+    msg = sdk(plain).messages.create(model="claude-sonnet-4-5", **body, extra_body={
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+    assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")

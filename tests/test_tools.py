@@ -347,3 +347,18 @@ def test_an_agent_loop_reads_only_each_turns_new_tokens(tool_target):
             call = r["choices"][0]["message"]["tool_calls"][0]
             messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"ok": turn})}]
+
+
+def test_unenforceable_keywords_are_refused_only_where_a_call_is_forced(tool_target):
+    """Agents' tool schemas use `maximum`, `format`, ... (Claude Code's do): under auto the schema
+    only reaches the prompt, so it is taken; a forced call, decoded under the schema's grammar,
+    refuses what the grammar could not enforce."""
+    bounded = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "maximum": 3},
+                                         "script": {"type": "string", "maxLength": 524288}}}}}
+    with SpecGGUF(tool_target, n_ctx=512) as llm:
+        for choice in ("auto", "none", None):
+            extra = {} if choice is None else {"tool_choice": choice}
+            assert llm.create_chat_completion(ASK, tools=[bounded], max_tokens=2, **extra)["choices"]
+        with pytest.raises(ValueError, match="'maxLength' is 524288|'maximum'"):
+            llm.create_chat_completion(ASK, tools=[bounded], tool_choice="required", max_tokens=2)

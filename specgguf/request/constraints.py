@@ -104,6 +104,19 @@ def converter(prop_order: dict | None = None):
     return Converter(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
+def prompt_schema(schema: dict, param: str) -> str:
+    """A schema that only reaches the prompt (an unforced call's tool) as JSON text: no grammar is
+    built from it, so only its size is bounded (grammarlimits.MAX_SCHEMA_CHARS)."""
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RequestError(f"'{param}' is not JSON: {exc}"[:300], param=param, code="invalid_value") from None
+    if len(text) > grammarlimits.MAX_SCHEMA_CHARS:
+        raise RequestError(f"'{param}' is {len(text)} characters of JSON; the limit is "
+                           f"{grammarlimits.MAX_SCHEMA_CHARS}", param=param, code="schema_too_large")
+    return text
+
+
 def schema_text(schema: dict, param: str) -> str:
     """`schema` checked (bounds, contradictions, unenforced keywords) and as JSON text."""
     grammarlimits.check_schema(schema, param, UNENFORCED)

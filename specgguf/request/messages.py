@@ -22,9 +22,10 @@ from ..errors import RequestError
 # why); anything else is refused as unknown, as Anthropic's API does ("Extra inputs are not permitted").
 # count_tokens takes the same body (max_tokens optional there), so a client may count what it sends.
 CREATE = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-          "tools", "tool_choice", "metadata", "thinking", "service_tier", "cache_control", "output_config"}
+          "tools", "tool_choice", "metadata", "thinking", "service_tier", "cache_control", "output_config",
+          "context_management"}
 REFUSED = {"container": "code-execution containers", "mcp_servers": "remote MCP servers",
-           "context_management": "server-side context editing", "inference_geo": "inference regions",
+           "inference_geo": "inference regions",
            "speed": "speed tiers", "diagnostics": "diagnostics"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 MAX_MESSAGES = 100_000  # Anthropic's own limit on messages per request
@@ -334,6 +335,18 @@ def _metadata(value) -> None:
         _fail("metadata.user_id must be a string", "metadata.user_id", "invalid_type")
 
 
+def _context_management(value) -> None:
+    """Server-side context editing (`{"edits": [{"type": ...}, ...]}`, which Claude Code sends on
+    every request): checked, and accepted with no edit made. The conversation is rendered as sent
+    (earlier turns' thinking blocks are always dropped, as `clear_thinking` asks), and one past
+    the context is refused rather than cut (docs/server.md)."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) - {"edits"} or not isinstance(value.get("edits", []), list) \
+            or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in value.get("edits", [])):
+        _fail("'context_management' must be {\"edits\": [{\"type\": ...}, ...]}", "context_management", "invalid_type")
+
+
 def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
     """(the OpenAI chat body, the thinking switch) for an Anthropic create (or count_tokens) body."""
     if not isinstance(body, dict):
@@ -354,6 +367,7 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
         _fail(f"'model' must be a string (got {_kind(model)})", "model", "invalid_type")
     _cache_control(body.get("cache_control"), "")
     _metadata(body.get("metadata"))
+    _context_management(body.get("context_management"))
     if body.get("service_tier") not in (None, "auto", "standard_only"):
         _fail("'service_tier' must be 'auto' or 'standard_only' (one tier here)", "service_tier")
     thinking = _thinking(body.get("thinking"), max_tokens)

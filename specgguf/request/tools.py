@@ -32,8 +32,9 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128  # OpenAI's limit on functions in one request
 
 
-def check_tools(value) -> list[dict]:
-    """OpenAI's `tools`: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]."""
+def check_tools(value, forced: bool = True) -> list[dict]:
+    """OpenAI's `tools`: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
+    forced: a call will be decoded under the schemas' grammar (tool_choice required or named)."""
     if not isinstance(value, list):
         raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {...}}", param="tools",
                            code="invalid_type")
@@ -58,11 +59,14 @@ def check_tools(value) -> list[dict]:
         if not isinstance(params, dict):
             raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
                                param=f"tools[{i}].function.parameters", code="invalid_type")
-        # checked (and converted once) whatever tool_choice says: a schema that 'required' would
-        # refuse is refused under 'auto' and 'none' too, not only once a call is forced
-        from .constraints import schema_grammar
+        # a forced call is decoded under the schemas' grammar, so each must convert within the
+        # grammar bounds and use no keyword the grammar cannot enforce (maximum, format, ...); under
+        # auto or none a schema only reaches the prompt, as at OpenAI's: it must be JSON of a
+        # bounded size, whatever lengths it allows (agents' schemas allow 512k-character strings)
+        from .constraints import prompt_schema, schema_grammar
 
-        chars += len(schema_grammar(params, f"tools[{i}].function.parameters"))
+        where = f"tools[{i}].function.parameters"
+        chars += len(schema_grammar(params, where) if forced else prompt_schema(params, where))
         if chars > grammarlimits.MAX_GBNF_CHARS:
             raise RequestError(f"the grammars of 'tools' add up to over {grammarlimits.MAX_GBNF_CHARS} characters, "
                                "the limit: send fewer or smaller functions", param="tools", code="grammar_too_large")
@@ -116,7 +120,9 @@ class ToolSet:
         if parallel is not None and not isinstance(parallel, bool):
             raise RequestError(f"'parallel_tool_calls' must be true or false (got {type(parallel).__name__} "
                                f"{parallel!r})"[:200], param="parallel_tool_calls", code="invalid_type")
-        tools = check_tools(values["tools"]) if values.get("tools") is not None else []
+        choice = values.get("tool_choice")
+        forced = choice == "required" or isinstance(choice, dict)
+        tools = check_tools(values["tools"], forced) if values.get("tools") is not None else []
         choice = check_choice(values.get("tool_choice"), tools)
         return cls(tools, choice, template, arch, parallel is not False) if tools else None
 
