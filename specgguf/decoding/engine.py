@@ -466,7 +466,7 @@ class Generation:
                 t3 = clock()
                 stats.draft_s += (t1 - t0) + (t3 - t2)
                 stats.verify_s += t2 - t1
-                stats.record_round(len(draft), k, drafter is not None and drafter.source == "prediction")
+                stats.record_round(len(draft), k, self.prediction is not None and drafter.source == "prediction")
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost

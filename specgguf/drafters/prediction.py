@@ -93,7 +93,12 @@ class PredictionDrafter(Drafter):
             self.inner.begin(history)
             # a free lookup over a prompt that holds the prediction already drafts all it would
             # (and learns where the output departs): the prediction then stands aside
-            self.redundant = self.inner.lookup and self.inner.model_path is None and self._held_in(history)
+            self.redundant = self._free_inner and self._held_in(history)
+
+    @property
+    def _free_inner(self) -> bool:
+        """The engine's drafter is a lookup with no model (ngram, suffix): asking it costs nothing."""
+        return self.inner is not None and self.inner.lookup and self.inner.model_path is None
 
     def _held_in(self, history) -> bool:
         pred = self.tokens
@@ -213,7 +218,7 @@ class PredictionDrafter(Drafter):
         self._inner_out = None
         if inner is None:
             return False
-        if inner.lookup and inner.model_path is None:
+        if self._free_inner:
             theirs = self._inner_draft(history, id_last, pos0, n, sampler)
             their_conf = self.last_confidence or []
             if not theirs:

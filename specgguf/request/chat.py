@@ -23,6 +23,12 @@ def effort_thinks(effort: str | None) -> bool | None:
     return None if effort is None else effort not in NO_EFFORT
 
 
+def thinking_effort(thinking: bool | None) -> str | None:
+    """A thinking switch (Anthropic's `thinking`) as the chat body's `reasoning_effort`, the one
+    field the chat request reads it from."""
+    return None if thinking is None else "medium" if thinking else "none"
+
+
 @dataclass
 class ChatFormat:
     name: str  # "the GGUF's chat template" or the fallback's name

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import RequestError
+from .chat import thinking_effort
+from .params import json_type
 
 # Fields of Anthropic's create body this server reads (CREATE) or refuses by name (REFUSED, with
 # why); anything else is refused as unknown, as Anthropic's API does ("Extra inputs are not permitted").
@@ -34,11 +36,6 @@ IS_ERROR_PREFIX = "Error: "  # how a tool_result with is_error reaches a templat
 
 def _fail(message: str, param: str, code: str = "invalid_value"):
     raise RequestError(message[:400], param=param, code=code)
-
-
-def _kind(value) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _keys(obj: dict, allowed: set, param: str) -> None:
@@ -64,7 +61,7 @@ def _cache_control(value, param: str) -> None:
 def _text_block(block: dict, param: str) -> str:
     _keys(block, {"type", "text", "cache_control", "citations"}, param)
     if not isinstance(block.get("text"), str):
-        _fail(f"{param}.text must be a string (got {_kind(block.get('text'))})", param, "invalid_type")
+        _fail(f"{param}.text must be a string (got {json_type(block.get('text'))})", param, "invalid_type")
     if block.get("citations") not in (None, []):
         _fail(f"{param}.citations: citations are not supported (this server cites no documents)", param)
     _cache_control(block.get("cache_control"), param)
@@ -76,7 +73,7 @@ def _blocks(content, param: str, allow_string: bool = True) -> list[dict]:
     if isinstance(content, str) and allow_string:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        _fail(f"{param} must be a string or a list of content blocks (got {_kind(content)})", param, "invalid_type")
+        _fail(f"{param} must be a string or a list of content blocks (got {json_type(content)})", param, "invalid_type")
     if not content:
         _fail(f"{param} must hold at least one content block", param)
     for j, block in enumerate(content):
@@ -114,7 +111,7 @@ def tools_value(value) -> list[dict] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        _fail(f"'tools' must be a list of tools (got {_kind(value)})", "tools", "invalid_type")
+        _fail(f"'tools' must be a list of tools (got {json_type(value)})", "tools", "invalid_type")
     out = []
     for i, tool in enumerate(value):
         param = f"tools[{i}]"
@@ -125,7 +122,7 @@ def tools_value(value) -> list[dict] | None:
                   "tools, {name, description, input_schema}, which your code runs", param)
         _keys(tool, {"type", "name", "description", "input_schema", "cache_control"}, param)
         if not isinstance(tool.get("name"), str):  # its form is ToolSet's to check
-            _fail(f"{param}.name must be a string (got {_kind(tool.get('name'))})", f"{param}.name", "invalid_type")
+            _fail(f"{param}.name must be a string (got {json_type(tool.get('name'))})", f"{param}.name", "invalid_type")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict) or schema.get("type") != "object":
             _fail(f"{param}.input_schema must be a JSON schema object with \"type\": \"object\"",
@@ -219,7 +216,7 @@ def _assistant(blocks: list[dict], param: str, tool_names: set[str], seen: set[s
                 _fail(f"{where}.name {str(name)[:64]!r} is not one of the request's 'tools' (send the tools the "
                       "conversation used)", f"{where}.name")
             if not isinstance(args, dict):
-                _fail(f"{where}.input must be an object (got {_kind(args)})", f"{where}.input", "invalid_type")
+                _fail(f"{where}.input must be an object (got {json_type(args)})", f"{where}.input", "invalid_type")
             _cache_control(block.get("cache_control"), where)
             seen.add(tid)
             calls.append({"id": tid, "type": "function", "function": {"name": name, "arguments": args}})
@@ -350,7 +347,7 @@ def _context_management(value) -> None:
 def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
     """(the OpenAI chat body, the thinking switch) for an Anthropic create (or count_tokens) body."""
     if not isinstance(body, dict):
-        _fail(f"the request body must be an object (got {_kind(body)})", "body", "invalid_type")
+        _fail(f"the request body must be an object (got {json_type(body)})", "body", "invalid_type")
     for name in sorted(set(body) & set(REFUSED)):
         if body[name] is not None:
             _fail(f"'{name}' ({REFUSED[name]}) is not supported by specgguf: leave it out", name,
@@ -364,7 +361,7 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, bool | None]:
         _fail(f"'max_tokens' must be a whole number >= 1 (got {max_tokens!r})"[:200], "max_tokens")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        _fail(f"'model' must be a string (got {_kind(model)})", "model", "invalid_type")
+        _fail(f"'model' must be a string (got {json_type(model)})", "model", "invalid_type")
     _cache_control(body.get("cache_control"), "")
     _metadata(body.get("metadata"))
     _context_management(body.get("context_management"))
@@ -455,8 +452,10 @@ def prepare(llm, body: dict, counting: bool = False) -> tuple:
     from . import prepare as preparing
 
     chat, thinking = chat_body(body, counting)
+    if thinking is not None:
+        chat["reasoning_effort"] = thinking_effort(thinking)
     try:
-        req = preparing.prepare(llm, chat, chat=True, template_vars=llm.chat_format.thinking_vars(thinking))
+        req = preparing.prepare(llm, chat, chat=True)
     except RequestError as exc:
         raise anthropic_words(exc) from None
     # absent thinking leaves the template's default, which is on for Qwen3-style templates

@@ -42,6 +42,12 @@ SAMPLING_FIELDS = {
 }
 
 
+def json_type(value) -> str:
+    """A value's type in JSON's words (what a client sent), for error messages."""
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def _typed(name: str, value, types, meaning: str):
     # bool is an int in Python but never a number in JSON: refuse it explicitly
     if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):

@@ -39,11 +39,10 @@ class Request:
     prediction: list[int] | None = None  # Predicted Outputs: tokens the output should repeat (drafted from)
 
 
-def prepare(llm, body: dict, chat: bool, template_vars: dict | None = None) -> Request:
+def prepare(llm, body: dict, chat: bool) -> Request:
     """Check an OpenAI/Llama-style request and tokenize it.
 
-    template_vars: more variables for the chat template (messages.py: Anthropic's `thinking` as
-    `enable_thinking`). Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
+    Raises `params.RequestError` (a ValueError) with the OpenAI `param` and `code`.
     """
     params.refuse_unsupported(body)
     sampling = params.sampling_fields(body)
@@ -59,8 +58,9 @@ def prepare(llm, body: dict, chat: bool, template_vars: dict | None = None) -> R
     extras = params.choice_options(body, chat, stream)
     grammar, toolset = structure(llm, body, chat)
     if chat:
-        if template_vars is None:  # Chat Completions' reasoning_effort turns a thinking switch (chat.py)
-            template_vars = llm.chat_format.thinking_vars(effort_thinks(params.reasoning_effort(body)))
+        # reasoning_effort turns the template's thinking switch (chat.py); the Messages and
+        # Responses translations set it from Anthropic's `thinking` and `reasoning.effort`
+        template_vars = llm.chat_format.thinking_vars(effort_thinks(params.reasoning_effort(body)))
         tokens = chat_tokens(llm, params.messages_value(body.get("messages")), toolset, template_vars)
         stop = params.stop_strings(body.get("stop"), llm.chat_format.stop)
         wanted = params.max_tokens(body.get("max_tokens", body.get("max_completion_tokens")), None)

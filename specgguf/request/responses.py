@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import RequestError
 from . import params
-from .chat import EFFORTS, effort_thinks
+from .chat import EFFORTS
 from .prepare import Request, prepare as prepare_chat
 
 ROLES = ("user", "assistant", "system", "developer")
@@ -58,15 +58,11 @@ def _err(message: str, param: str | None, code: str = "invalid_value") -> Reques
     return RequestError(message[:400], param=param, code=code)
 
 
-def _type_name(value) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def previous_id(body: dict) -> str | None:
     """`previous_response_id`: None or a non-empty string (the caller looks it up)."""
     value = body.get("previous_response_id")
     if value is not None and (not isinstance(value, str) or not value):
-        raise _err(f"'previous_response_id' must be a response id string (got {_type_name(value)})",
+        raise _err(f"'previous_response_id' must be a response id string (got {params.json_type(value)})",
                    "previous_response_id", "invalid_type")
     return value
 
@@ -85,7 +81,7 @@ def prepare(llm, body: dict, history: list[dict] | None = None) -> Turn:
     _check_call_ids(items, len(history or []))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise _err(f"'instructions' must be a string (got {_type_name(instructions)})", "instructions",
+        raise _err(f"'instructions' must be a string (got {params.json_type(instructions)})", "instructions",
                    "invalid_type")
     stream, store = params.flag(body, "stream"), params.flag(body, "store", True)
     chat = {"messages": messages(items, instructions), "stream": stream}
@@ -109,8 +105,10 @@ def prepare(llm, body: dict, history: list[dict] | None = None) -> Turn:
                        "invalid_type" if not isinstance(limit, int) or isinstance(limit, bool) else "invalid_value")
         chat["max_tokens"] = limit
     try:
-        thinking = effort_thinks(_reasoning(body.get("reasoning"))["effort"])
-        req = prepare_chat(llm, chat, chat=True, template_vars=llm.chat_format.thinking_vars(thinking))
+        effort = _reasoning(body.get("reasoning"))["effort"]
+        if effort is not None:
+            chat["reasoning_effort"] = effort  # the template's thinking switch (chat.effort_thinks)
+        req = prepare_chat(llm, chat, chat=True)
     except RequestError as exc:
         raise _renamed(exc) from None
     echo = {"instructions": instructions, "tools": tools, "tool_choice": body.get("tool_choice") or "auto",
@@ -199,7 +197,7 @@ def input_items(value) -> list[dict]:
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": params.text_value(value, "input")}]
     if not isinstance(value, list) or not value:
-        raise _err(f"'input' must be a string or a non-empty list of items (got {_type_name(value)})", "input",
+        raise _err(f"'input' must be a string or a non-empty list of items (got {params.json_type(value)})", "input",
                    "invalid_type")
     return [_item(x, f"input[{i}]") for i, x in enumerate(value)]
 
@@ -243,7 +241,7 @@ def _text(content, where: str) -> str:
     if isinstance(content, str):
         return params.text_value(content, where)
     if not isinstance(content, list):
-        raise _err(f"{where} must be a string or a list of input_text parts (got {_type_name(content)})", where,
+        raise _err(f"{where} must be a string or a list of input_text parts (got {params.json_type(content)})", where,
                    "invalid_type")
     out = []
     for j, part in enumerate(content):

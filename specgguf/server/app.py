@@ -192,18 +192,16 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
             return EventSourceResponse(_sse(job, metrics), sep="\n", ping=15, send_timeout=60)
         return await whole(request, lambda cancelled: llm.response(req, cancelled))
 
-    async def whole(request: Request, work):
-        """A response that is not streamed: work(cancelled) on a worker, cancelled on disconnect."""
-        job = scheduler.submit(lambda cancelled: [work(cancelled)])
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-        try:
-            items = [item async for item in job]
-        finally:
-            watcher.cancel()
-        if not items or items[0] is None:  # cancelled: the client has gone, nobody reads this
+    async def whole(request: Request, work, then=None):
+        """A response that is not streamed: work(cancelled) on a worker, cancelled on disconnect;
+        then(response), if given, sees the response dict before it is sent."""
+        item = await _whole(request, scheduler.submit(lambda cancelled: [work(cancelled)]))
+        if item is None:  # cancelled: the client has gone, nobody reads this
             return error_response(499, "the client closed the request", code="cancelled")
-        metrics.observe(items[0].get("specgguf"))
-        return JSONResponse(items[0])
+        metrics.observe(item.get("specgguf"))
+        if then is not None:
+            then(item)
+        return JSONResponse(item)
 
     async def messages(request: Request):
         """Anthropic's POST /v1/messages, translated into a chat completion (request/messages.py);
@@ -305,10 +303,13 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
         turn = await off_loop(responses.prepare, llm, body, history)
         turn.req.model = model_id
 
-        def keep(response: dict) -> None:
-            metrics.observe(response.get("specgguf"))
+        def kept(response: dict) -> None:
             if turn.store:
                 store.put(response, turn.items)
+
+        def keep(response: dict) -> None:  # a stream's last response: what whole() does for the rest
+            metrics.observe(response.get("specgguf"))
+            kept(response)
         if turn.stream:
             stream = responseshape.Events(turn, model_id)
             opening = stream.opening()  # sent at once, before the job waits its turn and reads the prompt
@@ -316,13 +317,10 @@ def create_app(llm, model_id: str | None = None, api_key: str | None = None, max
                 turn, model_id, llm.response_chunks(turn.req, cancelled), cancelled, stream))
             return EventSourceResponse(_response_sse(opening, job, stream, keep), sep="\n", ping=KEEPALIVE_S,
                                        ping_message_factory=_keepalive, send_timeout=60)
-        job = scheduler.submit(lambda cancelled: [llm.response(turn.req, cancelled)])
-        chat = await _whole(request, job)
-        if chat is None:  # cancelled: the client has gone, nobody reads this
-            return error_response(499, "the client closed the request", code="cancelled")
-        out = responseshape.response(turn, model_id, chat)
-        keep(out)
-        return JSONResponse(out)
+        def work(cancelled):
+            chat = llm.response(turn.req, cancelled)
+            return None if chat is None else responseshape.response(turn, model_id, chat)
+        return await whole(request, work, kept)
 
     async def stored_response(request: Request):
         response_id = request.path_params["response_id"]
