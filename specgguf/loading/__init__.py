@@ -84,7 +84,7 @@ def load(target, draft: DraftSpec | None = None, *, draft_max: int | str = "auto
     target = hub.resolve(target, what="target", cache_dir=cache_dir)
     loaded = Loaded(Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                            rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant,
-                           n_parallel=n_parallel), None)
+                           n_parallel=n_parallel, n_rs_seq=snapshots_for(draft, draft_max)), None)
     try:
         if n_threads_batch is not None:
             loaded.target.ctx.set_threads(loaded.target.n_threads, n_threads_batch)
@@ -103,6 +103,21 @@ def load(target, draft: DraftSpec | None = None, *, draft_max: int | str = "auto
         loaded.close()
         raise
     return loaded
+
+
+# the most recurrent-state snapshots a target keeps: each is one more copy of its recurrent state
+# (for a gated-DeltaNet hybrid of a few billion parameters, tens of MB), and a longer rejected tail
+# is taken back from a checkpoint instead (decoding/rollback.py)
+MAX_SNAPSHOTS = 16
+
+
+def snapshots_for(draft: DraftSpec | None, draft_max) -> int:
+    """n_rs_seq for a target drafted by `draft`: enough snapshots to take back the longest
+    fixed draft, MAX_SNAPSHOTS in auto mode (0 without a drafter: a prediction's rare rounds
+    use checkpoints)."""
+    if draft is None:
+        return 0
+    return MAX_SNAPSHOTS if draft_max == "auto" else max(0, min(int(draft_max), MAX_SNAPSHOTS))
 
 
 def resolve_draft(draft: DraftSpec | None, target_path, cache_dir=None) -> DraftSpec | None:

@@ -72,11 +72,14 @@ class Target:
 
     def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
-                 flash_attn: bool | None = False, batch_invariant: bool = False, n_parallel: int = 1):
+                 flash_attn: bool | None = False, batch_invariant: bool = False, n_parallel: int = 1,
+                 n_rs_seq: int = 0):
         """batch_invariant: ggml's reference CPU kernels, flash attention on, no repacked weights,
         and `verify_width` measured (runtime/invariance.py); the target must run on the CPU.
         n_parallel: sequences the context holds at once, each with n_ctx cells of its own
-        (decoding/sharedctx.py, decoding/slots.py drives them); 1: the one sequence of every other use."""
+        (decoding/sharedctx.py, decoding/slots.py drives them); 1: the one sequence of every other use.
+        n_rs_seq: recurrent-state snapshots per sequence (a hybrid or recurrent target whose arch
+        llama.cpp can roll back so: decoding/rollback.py); ignored for every other model."""
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
@@ -94,7 +97,7 @@ class Target:
             self.ctx = native.Context(self.model, n_ctx=n_ctx * n_parallel, n_batch=n_batch, n_threads=n_threads,
                                       flash_attn=1 if batch_invariant else None if flash_attn is None
                                       else int(flash_attn), reference_kernels=batch_invariant,
-                                      n_seq_max=n_parallel)
+                                      n_seq_max=n_parallel, n_rs_seq=n_rs_seq)
             self.batch = native.Batch(self.ctx)
         except BaseException:
             self.close()

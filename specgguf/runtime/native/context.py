@@ -32,8 +32,12 @@ class Context(_Owned):
                  n_threads: int | None = None, n_outputs_max: int = 0, ctx_other: "Context | None" = None,
                  embeddings: bool = False, swa_full: bool = False, flash_attn: int | None = None,
                  mtp: bool = False, reference_kernels: bool = False, n_seq_max: int = 1,
-                 n_outputs_max_per_seq: int | None = None):
-        """n_outputs_max_per_seq: how many outputs of one sequence a pass may have when a sampler
+                 n_outputs_max_per_seq: int | None = None, n_rs_seq: int = 0):
+        """n_rs_seq: recurrent-state snapshots kept per sequence, so that a recurrent or hybrid
+        model (qwen35, lfm2, nemotron_h, ...) can take back up to that many trailing tokens of its
+        last pass like a KV trim (llama.cpp ignores it for archs without this rollback; 0: none;
+        decoding/rollback.py).
+        n_outputs_max_per_seq: how many outputs of one sequence a pass may have when a sampler
         runs in the graph (`sample_in_graph`; llama.cpp's default allows 1).
         flash_attn: 0 off, 1 on, None llama.cpp's auto; a draft context (ctx_other given) left at
         None takes ctx_other's setting, as llama.cpp's speculative driver gives its draft the
@@ -56,6 +60,7 @@ class Context(_Owned):
         if n_outputs_max_per_seq is not None:
             params.n_outputs_max_per_seq = int(n_outputs_max_per_seq)
         params.swa_full = bool(swa_full)
+        params.n_rs_seq = int(n_rs_seq)
         params.embeddings = bool(embeddings)
         if flash_attn is not None:
             params.flash_attn_type = int(flash_attn)
@@ -88,6 +93,10 @@ class Context(_Owned):
         self.n_batch = C.llama_n_batch(ptr)
         self.n_ubatch = C.llama_n_ubatch(ptr)
         self.n_vocab = model.n_vocab
+        # how this cache takes back positions: "trim" (KV cells), "snapshots" (a recurrent state
+        # rolled back up to n_rs_seq tokens) or "checkpoint" (saved and restored: decoding/rollback.py)
+        self.n_rs_seq = int(C.llama_n_rs_seq(ptr)) if model.recurrent else 0
+        self.rollback = "trim" if not model.recurrent else "snapshots" if self.n_rs_seq else "checkpoint"
         self._layer_inp: set[int] = set()
         # llama.cpp reserves one output row per sequence when it creates the context
         self.widest_outputs, self.cold = 1, False  # see _process
@@ -234,6 +243,26 @@ class Context(_Owned):
         if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq) != len(data):
             self.clear(seq)
             raise LlamaError("llama.cpp could not restore a saved state (context too small?)")
+
+    def partial_state_bytes(self, seq: int = 0) -> bytes:
+        """Sequence `seq`'s recurrent (and sliding-window) state alone, without the full-attention
+        KV cells: the checkpoint llama.cpp's own loop saves before a verify pass."""
+        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = C.llama_state_seq_get_size_ext(self.ptr, seq, flags)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data_ext(self.ptr, buf, size, seq, flags)
+        if n != size:
+            raise LlamaError(f"llama.cpp wrote {n} of {size} partial-state bytes")
+        return bytes(buf)
+
+    def load_partial_state_bytes(self, data: bytes, seq: int = 0) -> None:
+        """Put back a `partial_state_bytes` checkpoint of sequence `seq`; its attention cells are
+        left as they are (the caller removes those past the checkpoint)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if C.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq, flags) != len(data):
+            self.clear(seq)
+            raise LlamaError("llama.cpp could not restore a recurrent-state checkpoint")
 
     def clear(self, seq: int | None = None) -> None:
         """Empty the cache (seq None) or one sequence's cells."""
