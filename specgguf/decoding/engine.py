@@ -19,6 +19,7 @@ from typing import Iterator
 
 from ..errors import UserError
 from .promptcache import MIN_REUSE, PromptCache  # noqa: F401  (MIN_REUSE: the engine's reuse threshold, named here too)
+from .rollback import Rollback
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
 from .verify import coupled as accept_coupled, greedy as accept_greedy, ratio as accept_ratio
@@ -275,6 +276,8 @@ class Generation:
                 drafter.process(chunk, start)
             ctx.outputs_read()  # a shared pass's layer inputs are read: the next may overwrite them
             self._synced = body[:start + len(chunk)]
+        if len(body) > n_cached:
+            PromptCache.of(target).checkpoint(body)  # a recurrent state: the next prompt may go on from here
         if drafter is not None:
             drafter.begin(body)
         self.stats.prefill_s = time.perf_counter() - t0
@@ -374,6 +377,7 @@ class Generation:
             return
         history = self.prompt[:-1]  # tokens in the target's KV cache
         self._synced = history
+        rollback = Rollback(ctx, batch)
         id_last, pos0 = self.prompt[-1], len(self.prompt) - 1
         tr = self.trace
         if tr is not None:
@@ -432,6 +436,7 @@ class Generation:
                     tr.mark("draft")
                 # verify [id_last, d1..dn] in one target pass, every position with logits
                 verify = [id_last, *draft]
+                rollback.before_pass(pos0, len(verify))
                 batch.clear().add_tokens(verify, pos0, "all")
                 if tr is not None:
                     tr.mark("batch")
@@ -461,18 +466,24 @@ class Generation:
                     drafter.rollback(pos0 + k + 1)
                 if tr is not None:
                     tr.mark("process")
-                ctx.seq_rm(pos0 + k + 1)
+                # a recurrent state's rollback is the target's work, part of what the width cost:
+                # a checkpoint restore and re-decode (past n_rs_seq) prices the widths that need it
+                t_back = clock()
+                rollback.keep(pos0, verify[:k + 1])
+                back_s = clock() - t_back
+                if draft and not rollback.trims:
+                    stats.rollback = rollback.stats()
                 ctx.outputs_read(k + 1)  # a shared context's next pass may overwrite the logits now
                 t3 = clock()
-                stats.draft_s += (t1 - t0) + (t3 - t2)
-                stats.verify_s += t2 - t1
+                stats.draft_s += (t1 - t0) + (t3 - t2) - back_s
+                stats.verify_s += t2 - t1 + back_s
                 stats.record_round(len(draft), k, self.prediction is not None and drafter.source == "prediction")
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost
                     # a shared pass is timed by the pool (its width is everybody's rows), not here
-                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2),
-                                   None if ctx.cold or batch_view is not None else t2 - t1, conf, own_conf)
+                    lengths.record(max(n_max, 0), len(draft), k, (t1 - t0) + (t3 - t2) - back_s,
+                                   None if ctx.cold or batch_view is not None else t2 - t1 + back_s, conf, own_conf)
                 history.extend(verify[:k + 1])
                 self._synced = history
                 id_last, pos0 = ids[-1], pos0 + k + 1

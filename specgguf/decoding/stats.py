@@ -32,6 +32,9 @@ class GenerationStats:
     # Predicted Outputs (drafters/prediction.py): None without a prediction; else the rounds
     # that drafted from it, their draft tokens and how many of those the target accepted
     prediction: dict | None = None
+    # a target with a recurrent state (decoding/rollback.py): None for a KV-only cache; else how
+    # its rejected tails were taken back (mode, snapshot rollbacks, checkpoint restores, ...)
+    rollback: dict | None = None
 
     @property
     def batch_invariant(self) -> bool:
@@ -104,6 +107,7 @@ class GenerationStats:
             "batch_invariant": self.batch_invariant,
             "verify_width": self.verify_width,
             "prediction": None if self.prediction is None else dict(self.prediction),
+            "rollback": None if self.rollback is None else dict(self.rollback),
         }
 
     def summary(self) -> str:
