@@ -78,6 +78,7 @@ class ModelDrafter(Drafter):
         self.p_min, self.n_min = float(p_min), int(n_min)
         self._pending = []
         self._kv_end = 0
+        self._checkpoint: tuple[int, bytes] | None = None  # a recurrent draft's state before drafting
         self.shared_draft = shared
         if shared is not None:
             self.model = shared.model
@@ -98,13 +99,15 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.ctx.clear()
+        self._checkpoint = None
         self._pending: list[tuple[int, int]] = []  # (token, position) not yet in the draft cache
         self._kv_end = 0  # one past the highest position in the draft's cache
 
     def resume(self, n: int) -> int:
         # the cache holds the committed tokens up to the first queued one (lazy mode)
         in_cache = min(n, self.ctx.pos_max() + 1)
-        if n <= 0 or not self.ctx.can_resume_at(in_cache):
+        recurrent_cut = self.ctx.rollback != "trim" and in_cache < self.ctx.pos_max() + 1
+        if n <= 0 or recurrent_cut or not self.ctx.can_resume_at(in_cache):
             self.reset()
             return 0
         self.rollback(n)
@@ -147,6 +150,10 @@ class ModelDrafter(Drafter):
         of q (q kept in `last_q`), under exact the arg-max of the penalised logits."""
         self._catch_up()
         ctx, b = self.ctx, self.batch
+        if ctx.rollback != "trim":
+            # a recurrent draft: its drafted tokens go in one pass each, which no snapshot reaches
+            # back over, so the state before them is saved and put back (decoding/rollback.py)
+            self._checkpoint = (pos0, ctx.partial_state_bytes())
         b.clear().add_token(id_last, pos0, True)
         ctx.decode(b)
         self._kv_end = max(self._kv_end, pos0 + max(n_max, 1) + 1)  # an upper bound is enough
@@ -193,6 +200,11 @@ class ModelDrafter(Drafter):
         while pending and pending[-1][1] >= pos:  # positions ascend: trim from the end
             pending.pop()
         if self._kv_end > pos:  # skip the call when the cache holds nothing from pos on
+            checkpoint, self._checkpoint = self._checkpoint, None
+            if self.ctx.rollback != "trim" and pos <= self.ctx.pos_max():
+                if checkpoint is None or checkpoint[0] != pos:
+                    raise RuntimeError(f"a recurrent draft state cannot go back to position {pos}")
+                self.ctx.load_partial_state_bytes(checkpoint[1])
             self.ctx.seq_rm(pos)
             self._kv_end = pos
 
