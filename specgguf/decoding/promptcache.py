@@ -116,6 +116,9 @@ class StateCache:
 # nothing to read again, and reading it afresh splits the prompt into batches exactly as a
 # new instance does (on quantised CPU targets the split can move the last bits, docs/loop.md §6.4)
 MIN_REUSE = 32
+# recurrent-state checkpoints a target keeps at prompt boundaries (one state each: for a 27B
+# gated-DeltaNet hybrid some tens of MB, for LFM2's short convolutions well under one)
+MAX_CHECKPOINTS = 4
 
 _OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -134,6 +137,9 @@ class PromptCache:
         self.target = target
         self.tokens: list[int] | None = None
         self.states: StateCache | None = None
+        # a recurrent target's state cannot be cut at any token: its states after recent prompts
+        # ((tokens, partial state)), newest last, let a prompt that shares one go on from there
+        self._checkpoints: list[tuple[tuple[int, ...], bytes]] = []
         self._drafts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -197,7 +203,7 @@ class PromptCache:
             if drafter.reads_target:
                 n = min(n, n_draft)
         if n > 0 and not (ctx.can_resume_at(n) and ctx.try_seq_rm(n)):
-            n = 0  # a sliding-window or recurrent cache that cannot go back that far
+            n = self._resume_checkpoint(body, n)  # 0: a sliding-window cache that cannot go back that far
         if n == 0:
             ctx.clear()
         if drafter is not None:
@@ -206,6 +212,31 @@ class PromptCache:
             if n_draft < n:  # a draft model's own cache catches up without the target
                 drafter.process(body[n_draft:n], n_draft)
         return n
+
+    def checkpoint(self, tokens) -> None:
+        """The target's cache holds `tokens` (a prompt, read): keep its recurrent state for a later
+        prompt that shares them (llama-server's context checkpoints; nothing for a KV-only cache)."""
+        ctx = self.target.ctx
+        if ctx.rollback == "trim" or len(tokens) < MIN_REUSE:
+            return
+        key = tuple(tokens)
+        self._checkpoints = [c for c in self._checkpoints if c[0] != key][-(MAX_CHECKPOINTS - 1):]
+        self._checkpoints.append((key, ctx.partial_state_bytes()))
+
+    def _resume_checkpoint(self, body, n: int) -> int:
+        """Go back to the longest checkpoint of the first `n` tokens of `body` (which the cache
+        holds); the number of tokens kept (0: none fits)."""
+        ctx = self.target.ctx
+        best = None
+        for key, data in self._checkpoints:
+            m = len(key)
+            if MIN_REUSE <= m <= n and (best is None or m > len(best[0])) and tuple(body[:m]) == key:
+                best = (key, data)
+        if best is None:
+            return 0
+        ctx.load_partial_state_bytes(best[1])
+        ctx.seq_rm(len(best[0]))  # the attention cells past it
+        return len(best[0])
 
     def restore(self, saved: SavedState, drafter=None) -> None:
         """Load a saved state into the target (and the drafter, when it saved it; else the
@@ -259,4 +290,5 @@ class PromptCache:
         """Empty the target's cache: nothing is held by it or by any drafter (saved states stay)."""
         self.target.ctx.clear()
         self.tokens = None
+        self._checkpoints = []
         self._drafts.clear()

@@ -387,6 +387,20 @@ class SeqContext:
     def state_bytes(self) -> bytes:
         return self.shared.kv(self.shared.ctx.state_bytes, self.seq)
 
+    @property
+    def rollback(self) -> str:
+        return self.shared.ctx.rollback
+
+    @property
+    def n_rs_seq(self) -> int:
+        return self.shared.ctx.n_rs_seq
+
+    def partial_state_bytes(self) -> bytes:
+        return self.shared.kv(self.shared.ctx.partial_state_bytes, self.seq)
+
+    def load_partial_state_bytes(self, data: bytes) -> None:
+        self.shared.kv(self.shared.ctx.load_partial_state_bytes, data, self.seq)
+
     def load_state_bytes(self, data: bytes) -> None:
         self.shared.kv(self.shared.ctx.load_state_bytes, data, self.seq)
 
