@@ -112,18 +112,19 @@ def write_mamba(path, n_embd=32, n_layer=2, d_inner=64, d_state=8, d_conv=4, dt_
     return finish_gguf(w, tensors, path)
 
 
-def test_recurrent_target_decodes_plainly_and_refuses_drafts(tmp_path):
-    """A recurrent state (Mamba, RWKV, hybrids such as qwen35) cannot drop rejected draft
-    tokens: speculation on it is refused up front with one line (it used to fail mid-answer
-    with "could not remove KV cells"), and plain decoding still runs."""
+def test_recurrent_target_speculates_through_checkpoints(tmp_path):
+    """A pure recurrent state (Mamba; not among the archs llama.cpp keeps snapshots for) takes a
+    rejected tail back through a checkpoint restore and re-decode (decoding/rollback.py): it used
+    to be refused with "recurrent state"; now every draft gives plain decoding's tokens."""
     target = write_mamba(tmp_path / "mamba.gguf")
+    prompt = "hello hello hello hello world hello hello hello hello world hello hello"
     with SpecGGUF(target, n_ctx=256) as plain:
-        assert plain.generate("hello hello hello hello", max_tokens=8).stats.generated_tokens == 8
+        want = plain.generate(prompt, max_tokens=24).tokens
     for draft in ("ngram", "suffix"):
-        with pytest.raises(ValueError, match="recurrent state"):
-            SpecGGUF(target, draft=draft, n_ctx=256)
-    assert_one_line_error(run_cli("generate", target, "-p", "hi", "-n", "4", "--draft", "ngram"),
-                          "recurrent state", "without --draft")
+        with SpecGGUF(target, draft=draft, draft_max=4, n_ctx=256) as spec:
+            got = spec.generate(prompt, max_tokens=24)
+            assert got.tokens == want
+            assert got.stats.rollback["mode"] == "checkpoint" and got.stats.rollback["restores"] > 0
 
 
 def test_profile_tokens_zero(qwen3_target):

@@ -41,12 +41,10 @@ def make_drafter(spec: "DraftSpec | str", target, kind: str | None = None, draft
     from ..errors import UserError
 
     spec = DraftSpec.parse(spec, kind)
-    if target.model.recurrent:
-        # llama.cpp's C++ loop checkpoints such a state and re-decodes after every partial
-        # acceptance; specgguf rolls back by removing KV cells, which a recurrent state refuses
-        raise UserError(f"{target.info.path.name} ({target.info.arch}) keeps a recurrent state that cannot take "
-                        "back rejected draft tokens, so specgguf cannot speculate on it: run it without --draft",
-                        param="draft")
+    if target.ctx.rollback == "none":
+        # llama.cpp's loops refuse such a context too (COMMON_CONTEXT_SEQ_RM_TYPE_NO)
+        raise UserError(f"{target.info.path.name} ({target.info.arch}) keeps no cache that could take back rejected "
+                        "draft tokens, so specgguf cannot speculate on it: run it without --draft", param="draft")
     lookup_options = {k: v for k, v in options.items() if k == "max_shared_tokens"}
     if spec.hybrid:
         # a suffix lookup where it pays more than the model draft (drafters/hybrid.py)

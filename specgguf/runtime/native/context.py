@@ -96,7 +96,9 @@ class Context(_Owned):
         # how this cache takes back positions: "trim" (KV cells), "snapshots" (a recurrent state
         # rolled back up to n_rs_seq tokens) or "checkpoint" (saved and restored: decoding/rollback.py)
         self.n_rs_seq = int(C.llama_n_rs_seq(ptr)) if model.recurrent else 0
-        self.rollback = "trim" if not model.recurrent else "snapshots" if self.n_rs_seq else "checkpoint"
+        # (common_context_can_seq_rm's answers; "none": no memory at all, nothing to take back)
+        self.rollback = ("none" if not self._mem else "trim" if not model.recurrent
+                         else "snapshots" if self.n_rs_seq else "checkpoint")
         self._layer_inp: set[int] = set()
         # llama.cpp reserves one output row per sequence when it creates the context
         self.widest_outputs, self.cold = 1, False  # see _process
