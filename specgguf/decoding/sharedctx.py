@@ -348,6 +348,7 @@ class SeqContext:
 
     def decode(self, batch: PendingRows) -> None:
         self._tokens, self._outputs = self.shared.decode(self.seq, batch.rows)
+        self.shared.ctx.note_pass(self.seq, batch.n_tokens)  # how far back its snapshots reach
 
     def outputs_read(self, committed: int = 0) -> None:
         self.shared.outputs_read(self.seq, committed)

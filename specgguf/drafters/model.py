@@ -106,8 +106,7 @@ class ModelDrafter(Drafter):
     def resume(self, n: int) -> int:
         # the cache holds the committed tokens up to the first queued one (lazy mode)
         in_cache = min(n, self.ctx.pos_max() + 1)
-        recurrent_cut = self.ctx.rollback != "trim" and in_cache < self.ctx.pos_max() + 1
-        if n <= 0 or recurrent_cut or not self.ctx.can_resume_at(in_cache):
+        if n <= 0 or not self.ctx.can_resume_at(in_cache):  # (a recurrent draft: no cut at all)
             self.reset()
             return 0
         self.rollback(n)

@@ -99,6 +99,11 @@ class Context(_Owned):
         # (common_context_can_seq_rm's answers; "none": no memory at all, nothing to take back)
         self.rollback = ("none" if not self._mem else "trim" if not model.recurrent
                          else "snapshots" if self.n_rs_seq else "checkpoint")
+        # seq -> how many trailing positions a snapshot can take back now: the graph keeps the
+        # states of the last pass's tokens only (slot s = s tokens back, s < its width), and one
+        # rollback spends them until the sequence's next pass (llama_memory_recurrent::seq_rm)
+        self._reach: dict[int, int] = {}
+        self._one_seq = n_seq_max == 1
         self._layer_inp: set[int] = set()
         # llama.cpp reserves one output row per sequence when it creates the context
         self.widest_outputs, self.cold = 1, False  # see _process
@@ -165,6 +170,13 @@ class Context(_Owned):
             rc = self.runner(lambda: C.llama_process(ptr, kind, batch_ptr))
         if rc != 0:
             raise LlamaError(_PROCESS_ERRORS.get(rc, f"llama_process failed with code {rc}"))
+        if self._one_seq and self.rollback == "snapshots":
+            self.note_pass(0, batch.n_tokens)  # a shared context's passes are noted by its sequences
+
+    def note_pass(self, seq: int, n_tokens: int) -> None:
+        """Sequence `seq` had `n_tokens` in the pass just run: its snapshots reach that far back."""
+        if self.rollback == "snapshots":
+            self._reach[seq] = min(n_tokens - 1, self.n_rs_seq)
 
     def logits(self, i: int) -> np.ndarray:
         """A view of the logits of output entry `i` (valid until the next decode)."""
@@ -205,11 +217,15 @@ class Context(_Owned):
         """Remove cells of sequence `seq` at positions [p0, p1) (p1 < 0: to the end)."""
         if not C.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise LlamaError(f"could not remove KV cells from position {p0}")
+        self._reach.pop(seq, None)
 
     def try_seq_rm(self, p0: int, seq: int = 0) -> bool:
         """Remove the cells at positions >= p0; False where the cache cannot (a recurrent
         state, which keeps no per-position cells), leaving it to the caller to clear."""
-        return bool(C.llama_memory_seq_rm(self.mem, seq, p0, -1))
+        done = bool(C.llama_memory_seq_rm(self.mem, seq, p0, -1))
+        if done:
+            self._reach.pop(seq, None)
+        return done
 
     def pos_max(self, seq: int = 0) -> int:
         return C.llama_memory_seq_pos_max(self.mem, seq)
@@ -225,6 +241,9 @@ class Context(_Owned):
         n_swa before n when its layers slide a window (llama-server's own check)."""
         if n <= 0:
             return True
+        back = self.pos_max(seq) + 1 - n
+        if back > 0 and self.rollback != "trim" and back > self._reach.get(seq, 0):
+            return False  # a recurrent state: only as far back as its snapshots reach
         pos_min = self.pos_min(seq)
         return 0 <= pos_min <= max(0, n - self.model.n_swa)
 
@@ -241,6 +260,7 @@ class Context(_Owned):
     def load_state_bytes(self, data: bytes, seq: int = 0) -> None:
         """Replace sequence `seq`'s cells by `data` from `state_bytes` of a context on the same model."""
         self.clear(seq)
+        self._reach.pop(seq, None)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq) != len(data):
             self.clear(seq)
@@ -262,6 +282,7 @@ class Context(_Owned):
         left as they are (the caller removes those past the checkpoint)."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        self._reach.pop(seq, None)
         if C.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq, flags) != len(data):
             self.clear(seq)
             raise LlamaError("llama.cpp could not restore a recurrent-state checkpoint")
@@ -269,8 +290,10 @@ class Context(_Owned):
     def clear(self, seq: int | None = None) -> None:
         """Empty the cache (seq None) or one sequence's cells."""
         if seq is None or C.llama_n_seq_max(self.ptr) == 1:
+            self._reach.clear()
             C.llama_memory_clear(self.mem, True)
         else:
+            self._reach.pop(seq, None)
             C.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     # -- hidden-state handover (eagle3 / dflash / dspark) ------------------------------------
