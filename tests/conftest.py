@@ -91,6 +91,43 @@ def counting_target(synth_dir):
     return write_qwen3(synth_dir / "qwen3-counting.gguf", QwenShape(), seed=0, counting=True)
 
 
+# Hybrid targets (tests/test_hybrid.py, tests/test_parity.py): counting lfm2 and qwen35 models
+# whose layers tip a near-tie or two, and quantised variants whose layers weigh more (they tip
+# near-ties the target does not: some 5 of 60 tokens for lfm2, 10 for qwen35, whose counting
+# head is harder to tip) as recurrent `model` drafts. Their embeddings are the seed's first
+# draw, as qwen3's: the counting eagle3/dspark drafts of `hidden_drafts` know their rule too.
+HYBRID_DRAFT_MIX = {"lfm2": 0.5, "qwen35": 1.0}
+
+
+def write_hybrid(arch: str, path, **kw):
+    from specgguf.synthetic.lfm2 import write_lfm2
+    from specgguf.synthetic.qwen35 import write_qwen35
+
+    return (write_lfm2 if arch == "lfm2" else write_qwen35)(path, seed=0, **kw)
+
+
+@pytest.fixture(scope="session")
+def lfm2_target(synth_dir):
+    return write_hybrid("lfm2", synth_dir / "lfm2-counting.gguf", counting=True, mix=0.2)
+
+
+@pytest.fixture(scope="session")
+def qwen35_target(synth_dir):
+    return write_hybrid("qwen35", synth_dir / "qwen35-counting.gguf", counting=True, mix=0.2)
+
+
+@pytest.fixture(scope="session")
+def lfm2_draft(synth_dir):
+    return write_hybrid("lfm2", synth_dir / "lfm2-draft.gguf", counting=True, quant="Q8_0",
+                        mix=HYBRID_DRAFT_MIX["lfm2"])
+
+
+@pytest.fixture(scope="session")
+def qwen35_draft(synth_dir):
+    return write_hybrid("qwen35", synth_dir / "qwen35-draft.gguf", counting=True, quant="Q8_0",
+                        mix=HYBRID_DRAFT_MIX["qwen35"])
+
+
 @pytest.fixture(scope="session")
 def hidden_drafts(synth_dir):
     """Synthetic eagle3/dflash/dspark drafts for the synthetic qwen3 targets, by name."""

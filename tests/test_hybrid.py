@@ -16,7 +16,6 @@ import pytest
 
 from specgguf.api import SpecGGUF
 from specgguf.loading import MAX_SNAPSHOTS
-from specgguf.synthetic.qwen3 import write_dflash, write_eagle3
 
 ARCHS = ["lfm2", "qwen35"]
 N_CTX = 512
@@ -25,37 +24,17 @@ MAX_TOKENS = 60
 # the counting target follows it except where its layers tip a near-tie; "44 .. 49" is seen last
 # going on otherwise, so an n-gram lookup there drafts a wrong tail (partial rejections)
 PROMPT = list(range(20, 80)) + list(range(44, 50)) + [300, 301, 302, 303] + list(range(20, 45))
-# a model draft's layers weigh this much more: they tip near-ties the target does not (measured:
-# some 5 of 60 tokens for lfm2, 10 for qwen35, whose counting head is harder to tip)
-DRAFT_MIX = {"lfm2": 0.5, "qwen35": 1.0}
-
-
-def write_target(arch: str, path, **kw):
-    if arch == "lfm2":
-        from specgguf.synthetic.lfm2 import write_lfm2
-
-        return write_lfm2(path, seed=0, **kw)
-    from specgguf.synthetic.qwen35 import write_qwen35
-
-    return write_qwen35(path, seed=0, **kw)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def hybrid(request, tmp_path_factory):
-    """One arch's counting target, a quantised variant of it (whose layers tip other near-ties) as
-    a recurrent `model` draft, and hidden-state drafts for it (the counting ones know its
-    successor rule: real acceptance)."""
+def hybrid(request, hidden_drafts):
+    """One arch's counting target (conftest.py), a quantised variant of it as a recurrent
+    `model` draft, and hidden-state drafts (the counting ones know its successor rule)."""
     arch = request.param
-    d = tmp_path_factory.mktemp(arch)
-    target = write_target(arch, d / "target.gguf", counting=True, mix=0.2)  # the layers tip a near-tie or two
-    drafts = {
-        "ngram": "ngram",
-        "suffix": "suffix",
-        "model": str(write_target(arch, d / "draft-q8.gguf", counting=True, quant="Q8_0", mix=DRAFT_MIX[arch])),
-        "eagle3": str(write_eagle3(d / "eagle3.gguf", counting_target_seed=0)),
-        "dflash": str(write_dflash(d / "dflash.gguf")),
-        "dspark": str(write_dflash(d / "dspark.gguf", markov=True, confidence=True, counting=True)),
-    }
+    target = request.getfixturevalue(f"{arch}_target")
+    drafts = {"ngram": "ngram", "suffix": "suffix", "model": str(request.getfixturevalue(f"{arch}_draft")),
+              "eagle3": str(hidden_drafts["eagle3-counting"]), "dflash": str(hidden_drafts["dflash"]),
+              "dspark": str(hidden_drafts["dspark-counting"])}
     with SpecGGUF(target, n_ctx=N_CTX) as plain:
         want = plain.generate(PROMPT, max_tokens=MAX_TOKENS)
     return {"arch": arch, "target": target, "drafts": drafts, "want": want}

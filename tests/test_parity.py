@@ -62,6 +62,10 @@ CASES = [
     Case("dspark-counting-shared-head", "draft-dspark", "counting_target", "dspark-counting-shared", draft_max=6),
     Case("dspark-confidence-p-min", "draft-dspark", "counting_target", "dspark-counting", n_predict=40,
          our_args=("--draft-p-min", "0.6"), cpp_args=("--spec-draft-p-min", "0.6")),
+    # hybrid targets (decoding/rollback.py): for these kinds both loops take rejected tails back
+    # through recurrent-state snapshots (n_rs_seq = the draft length)
+    *[Case(f"{kind}-{arch}", f"draft-{kind.split('-')[0]}", f"{arch}_target", kind, n_predict=40)
+      for arch in ("lfm2", "qwen35") for kind in ("eagle3-counting", "dflash", "dspark-counting")],
 ]
 
 
@@ -143,6 +147,30 @@ def test_rounds_and_tokens_match_llama_cpp(case: Case, request, tmp_path):
     else:
         assert ours["tokens"] == cpp_tokens and cpp.stopped_at_eog
     assert ours["text"] in cpp.output
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_model_drafts_on_hybrids_match_llama_cpp_output(arch, request, tmp_path):
+    """A model draft on a hybrid target: llama-speculative-simple takes partial acceptances back
+    by a checkpoint, and then verifies the accepted tokens again in a round of their own (it
+    asks for snapshots only for mtp/eagle3/dflash/dspark drafts: common_params_speculative::
+    need_n_rs_seq); specgguf takes them back by a snapshot and drafts on at once. So rounds
+    differ after the first partial acceptance, by design: the text is the same, the rounds agree
+    up to there, and specgguf needs no more target passes."""
+    cpp_baseline.require_tool()
+    target, draft = request.getfixturevalue(f"{arch}_target"), request.getfixturevalue(f"{arch}_draft")
+    cpp = cpp_baseline.run_speculative_simple(target, draft, PROMPT_EN, n_predict=40, n_ctx=1024, draft_max=4,
+                                              threads=THREADS, spec_type="draft-simple", workdir=tmp_path)
+    ours = run_specgguf(target, draft, PROMPT_EN, n_predict=40, n_ctx=1024, draft_max=4)
+    assert "will use checkpoints" in cpp.stderr  # what the comparison above assumes of the C++ loop
+    assert ours["text"] in cpp.output
+    rounds = ours["stats"]["rounds_detail"]
+    assert ours["stats"]["rollback"]["mode"] == "snapshots"
+    first_partial = next((i for i, (n, k) in enumerate(rounds) if k < n), len(rounds))
+    cpp_rounds = [[r.drafted, r.accepted] for r in cpp.rounds]
+    assert rounds[:first_partial] == cpp_rounds[:first_partial]
+    cpp_passes = len(cpp_rounds) + cpp.stderr.count("restoring checkpoint")  # printed rounds + discarded ones
+    assert len(rounds) <= cpp_passes
 
 
 def test_parser_reads_rounds_and_summary():
