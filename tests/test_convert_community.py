@@ -171,7 +171,7 @@ def test_target_layers_by_layout(tmp_path, target, spec):
 
 # -- keys seen in the wild ------------------------------------------------------------------
 
-def test_runtime_keys_are_written_as_the_pinned_converter_does(tmp_path, target, spec):
+def test_runtime_keys_are_written_as_the_pinned_converter_does(tmp_path, target, spec, target_ctx):
     def edit(cfg, t):
         cfg["dflash_config"].update(attention_value_scale=0.5, output_multiplier=2.0,
                                     final_logit_softcapping=30.0, input_embedding_scale=8.0, causal=True)
@@ -195,6 +195,8 @@ def test_runtime_keys_are_written_as_the_pinned_converter_does(tmp_path, target,
     assert any("Markov bias" in w for w in warnings), warnings  # logits scaled before the bias
     with native.Model(out.path) as m:
         assert m.n_swa == 64
+    feats = np.random.default_rng(0).normal(0, 1, (P, 3 * spec.n_embd)).astype(np.float32)
+    assert np.all(np.isfinite(draft_block(out.path, target_ctx, feats, [5] + [spec.mask_id] * 3)))
     # no key, no entry: the defaults stay the runtime's
     kv, _ = read(convert(str(ck(tmp_path, spec, "specforge", name="plain")), target, tmp_path / "p.gguf").path)
     assert kv["dflash.rope.dimension_count"] == 16
@@ -204,13 +206,20 @@ def test_runtime_keys_are_written_as_the_pinned_converter_does(tmp_path, target,
 
 
 def test_mrope_target_gets_temporal_rope_sections(tmp_path):
+    """Beside an M-RoPE target the draft ropes on the temporal section only: the same logits as
+    the plain NeoX draft (every position row holds the token's position)."""
     spec = F.TargetSpec()
-    target = F.make_target_gguf(tmp_path / "mrope.gguf", spec,
-                                extra_arrays={"qwen3.rope.dimension_sections": [8, 4, 4, 0]})
-    out = convert(str(ck(tmp_path, spec, "specforge")), target, tmp_path / "d.gguf")
-    kv, _ = read(out.path)
-    assert kv["dflash.rope.dimension_sections"] == [spec.head_dim // 2, 0, 0, 0]
-    loads(out.path)
+    c = ck(tmp_path, spec, "specforge")
+    feats = np.random.default_rng(0).normal(0, 1, (P, 3 * spec.n_embd)).astype(np.float32)
+    got = {}
+    for name, extra in (("mrope", {"qwen3.rope.dimension_sections": [8, 4, 4, 0]}), ("plain", None)):
+        target = F.make_target_gguf(tmp_path / f"{name}.gguf", spec, extra_arrays=extra)
+        out = convert(str(c), target, tmp_path / f"{name}-draft.gguf", "f32")
+        kv, _ = read(out.path)
+        assert kv.get("dflash.rope.dimension_sections") == ([spec.head_dim // 2, 0, 0, 0] if extra else None)
+        with native.Model(target) as m, native.Context(m, n_ctx=64, n_batch=32) as tc:
+            got[name] = draft_block(out.path, tc, feats, [5] + [spec.mask_id] * 3)
+    assert np.allclose(got["mrope"], got["plain"], atol=1e-4)
 
 
 def test_confidence_head_without_markov_input_is_left_out(tmp_path, target, spec):
@@ -482,3 +491,34 @@ def test_bad_mask_embedding_is_refused(tmp_path, target, spec, case, match):
     else:
         _pickle_zip(path, b"\x80\x02}(X\x01\x00\x00\x00a")
     refused(tmp_path, c, target, match)
+
+
+# -- specgguf drives them -------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["zlab", "speculators-reduced", "dflash2"])
+def test_converted_layout_drafts_losslessly_in_specgguf(tmp_path, target, spec, case):
+    """The engine's dflash/dspark drafter runs the converted file (DFlash 2 as plain DFlash: from
+    its logits) and leaves the target's greedy output unchanged."""
+    from specgguf.decoding.engine import Engine
+    from specgguf.drafters import make_drafter
+    from specgguf.runtime.target import Target
+
+    layout, options, kind, anchor = CONVERTS[case]
+    out = convert(str(ck(tmp_path, spec, layout, **options)), target, tmp_path / "d.gguf")
+
+    def run(tgt, drafter):
+        gen = Engine(tgt, drafter, 3).generate(tgt.tokenize("hello world, the draft"), 24)
+        for _ in gen:
+            pass
+        return gen
+
+    with Target(target, n_ctx=256) as tgt:
+        plain = run(tgt, None).tokens
+        drafter = make_drafter(str(out.path), tgt, draft_max=3)
+        try:
+            assert drafter.kind == ("dspark" if kind == "dspark" else "dflash")
+            assert drafter.sample_from_anchor is anchor
+            gen = run(tgt, drafter)
+            assert gen.tokens == plain and gen.stats.drafted > 0
+        finally:
+            drafter.close()
