@@ -147,13 +147,37 @@ def _dspark_kind(config: dict, backbone: str) -> Kind:
 
 
 def _community_kind(config: dict, layout: str) -> Kind:
-    from .community import flatten, method_value  # the one place that reads these layouts
-
     flat = flatten(config)
     if layout == "dflash2" or method_value(flat, "conv_kernel_size") is not None:
         return Kind("dflash", "qwen3", "dflash2", layout)
     rank = method_value(flat, "markov_rank") or 0
     return Kind("dflash", "qwen3", "dspark" if rank else "dflash", layout)
+
+
+# -- community DFlash/DSpark configs (read further by community.py) -------------------------
+
+def flatten(config: dict) -> dict:
+    """The config with a speculators `transformer_layer_config` merged over its top level."""
+    nested = config.get("transformer_layer_config")
+    method = config.get("dflash_config")
+    if method is not None and not isinstance(method, dict):
+        raise UserError(f"config.json: dflash_config must be an object, got {method!r:.60}")
+    if nested is None:
+        return config
+    if not isinstance(nested, dict):
+        raise UserError(f"config.json: transformer_layer_config must be an object, got {nested!r:.60}")
+    keep = {k: config[k] for k in ("architectures", "_name_or_path") if k in config}
+    return {**config, **nested, **keep}
+
+
+def method_value(config: dict, key: str, default=None):
+    """A draft setting: `dflash_config[key]`, else the top-level key, else `default`."""
+    method = config.get("dflash_config") or {}
+    if method.get(key) is not None:
+        return method[key]
+    if config.get(key) is not None:
+        return config[key]
+    return default
 
 
 # Sizes and counts: a zero would divide by zero or describe an empty model.

@@ -23,31 +23,7 @@ from dataclasses import dataclass
 
 from specgguf.errors import UserError
 
-from .checkpoints import Kind, get_float, get_int
-
-
-def flatten(config: dict) -> dict:
-    """The config with a speculators `transformer_layer_config` merged over its top level."""
-    nested = config.get("transformer_layer_config")
-    method = config.get("dflash_config")
-    if method is not None and not isinstance(method, dict):
-        raise UserError(f"config.json: dflash_config must be an object, got {method!r:.60}")
-    if nested is None:
-        return config
-    if not isinstance(nested, dict):
-        raise UserError(f"config.json: transformer_layer_config must be an object, got {nested!r:.60}")
-    keep = {k: config[k] for k in ("architectures", "_name_or_path") if k in config}
-    return {**config, **nested, **keep}
-
-
-def method_value(config: dict, key: str, default=None):
-    """A draft setting: `dflash_config[key]`, else the top-level key, else `default`."""
-    method = config.get("dflash_config") or {}
-    if method.get(key) is not None:
-        return method[key]
-    if config.get(key) is not None:
-        return config[key]
-    return default
+from .checkpoints import Kind, get_float, get_int, method_value
 
 
 def _int(config: dict, key: str, default=None, low: int = 0):

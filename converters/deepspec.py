@@ -20,8 +20,8 @@ from gguf import GGUFValueType as VT
 
 from specgguf.errors import UserError
 
-from .checkpoints import Kind, get_float, get_int, rope_parameters
-from .community import flatten, read_keys
+from .checkpoints import Kind, flatten, get_float, get_int, rope_parameters
+from .community import read_keys
 from .eagle3 import _absolute_d2t
 from .safetensors import Weights, check_float_tensor
 from .targets import check_target_layers, check_width, check_vocab, target_tensor, warn_if_cannot_feed
