@@ -18,6 +18,16 @@ from specgguf.errors import UserError, missing_path
 
 # DeepSpec model classes (docs/gguf-formats.md §1) and the llama.cpp arch they become.
 DEEPSPEC_DSPARK = {"Qwen3DSparkModel": "qwen3", "Gemma4DSparkModel": "gemma4"}
+# Other DFlash-family exports the pinned converter maps to arch `dflash` (conversion/qwen.py,
+# DFlashModel and DSparkModel), by layout (docs/gguf-formats.md §8): all Qwen3-style blocks.
+COMMUNITY_DFLASH = {
+    "DSparkDraftModel": "specforge",  # SpecForge / SGLang: DeepSpec weights, keys in dflash_config
+    "DSparkSpeculator": "speculators",  # vLLM speculators: nested transformer_layer_config
+    "Lfm2DSparkDraftModel": "lfm2",  # LiquidAI: interleaved RoPE, keys in dflash_config
+    "LingDSparkModel": "ling",  # DeepSpec's Ling drafts: a Qwen3DSparkModel by another name
+    "DFlashDraftModel": "zlab",  # z-lab DFlash: in-place slots, keys in dflash_config
+    "DFlash2DraftModel": "dflash2",  # z-lab DFlash 2: + grouped dynamic conv and a top-K selector
+}
 DEEPSPEC_EAGLE3 = {"Qwen3Eagle3Model": "qwen3", "Gemma4Eagle3Model": "gemma4"}
 # Standard EAGLE-3 exports that llama.cpp's own converter recognises (conversion/llama.py:17-30).
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator",
@@ -32,9 +42,10 @@ _ALLOW = ["*.json", "*.safetensors"]
 class Kind:
     """What a checkpoint is: its family, llama.cpp arch and backbone."""
 
-    family: str  # "deepspec-dspark", "deepspec-eagle3" or "eagle3"
+    family: str  # "deepspec-dspark", "dflash" (community layouts), "deepspec-eagle3" or "eagle3"
     backbone: str  # "qwen3", "gemma4" or "llama"
-    name: str  # shown to users: "dflash", "dspark", "eagle3", "deepspec-eagle3"
+    name: str  # shown to users: "dflash", "dspark", "dflash2", "eagle3", "deepspec-eagle3"
+    layout: str = "deepspec"  # for family "dflash": a value of COMMUNITY_DFLASH
 
 
 def locate(spec: str, *, offline: bool = False) -> Path:
@@ -103,14 +114,17 @@ def detect_kind(config: dict) -> Kind:
     arch = archs[0] if archs else None
     if arch in DEEPSPEC_DSPARK:
         return _dspark_kind(config, DEEPSPEC_DSPARK[arch])
+    if arch in COMMUNITY_DFLASH:
+        return _community_kind(config, COMMUNITY_DFLASH[arch])
     if arch in DEEPSPEC_EAGLE3:
         return Kind("deepspec-eagle3", DEEPSPEC_EAGLE3[arch], "deepspec-eagle3")
     if arch in EAGLE3_ARCHS or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
         return Kind("eagle3", "llama", "eagle3")
     if arch is not None:  # a class we do not know: its backbone could be anything
         raise UserError(f"unknown checkpoint architecture {arch!r}: specgguf converts DeepSpec DFlash/"
-                        "DSpark/Eagle3 (Qwen3DSparkModel, Gemma4DSparkModel, Qwen3Eagle3Model) and "
-                        "standard EAGLE-3 drafts (LlamaForCausalLMEagle3)")
+                        "DSpark/Eagle3 (Qwen3DSparkModel, Gemma4DSparkModel, Qwen3Eagle3Model), "
+                        "community DFlash/DSpark drafts (DSparkDraftModel, DSparkSpeculator, DFlashDraftModel, "
+                        "DFlash2DraftModel, ...) and standard EAGLE-3 drafts (LlamaForCausalLMEagle3)")
     # No class name at all: DeepSpec keys still identify the family, model_type the backbone.
     model_type = str(config.get("model_type", ""))
     backbone = {"qwen3": "qwen3", "gemma4": "gemma4", "gemma4_text": "gemma4"}.get(model_type)
@@ -130,6 +144,40 @@ def detect_kind(config: dict) -> Kind:
 def _dspark_kind(config: dict, backbone: str) -> Kind:
     rank = config.get("markov_rank") or 0
     return Kind("deepspec-dspark", backbone, "dspark" if rank else "dflash")
+
+
+def _community_kind(config: dict, layout: str) -> Kind:
+    flat = flatten(config)
+    if layout == "dflash2" or method_value(flat, "conv_kernel_size") is not None:
+        return Kind("dflash", "qwen3", "dflash2", layout)
+    rank = method_value(flat, "markov_rank") or 0
+    return Kind("dflash", "qwen3", "dspark" if rank else "dflash", layout)
+
+
+# -- community DFlash/DSpark configs (read further by community.py) -------------------------
+
+def flatten(config: dict) -> dict:
+    """The config with a speculators `transformer_layer_config` merged over its top level."""
+    nested = config.get("transformer_layer_config")
+    method = config.get("dflash_config")
+    if method is not None and not isinstance(method, dict):
+        raise UserError(f"config.json: dflash_config must be an object, got {method!r:.60}")
+    if nested is None:
+        return config
+    if not isinstance(nested, dict):
+        raise UserError(f"config.json: transformer_layer_config must be an object, got {nested!r:.60}")
+    keep = {k: config[k] for k in ("architectures", "_name_or_path") if k in config}
+    return {**config, **nested, **keep}
+
+
+def method_value(config: dict, key: str, default=None):
+    """A draft setting: `dflash_config[key]`, else the top-level key, else `default`."""
+    method = config.get("dflash_config") or {}
+    if method.get(key) is not None:
+        return method[key]
+    if config.get(key) is not None:
+        return config[key]
+    return default
 
 
 # Sizes and counts: a zero would divide by zero or describe an empty model.

@@ -136,15 +136,22 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
         extra.append(f"draft vocabulary {s['draft_vocab']}")
     types = ", ".join(f"{k} {v}" for k, v in sorted(result.types.items()))
     click.echo(f"wrote {result.path}")
+    if s.get("selector"):
+        extra.append(f"top-{s['selector']['top_k']} selector rank {s['selector']['rank']}")
+    if s.get("layout"):
+        extra.append(f"{s['layout']} layout")
     click.echo(f"  kind           {result.kind} ({result.backbone})" + (f", {', '.join(extra)}" if extra else ""))
     layers = f"{result.target_layers}"
     if s.get("deepspec_layers") is not None:
-        layers += f" (DeepSpec ids {s['deepspec_layers']} + 1)"
+        who = "checkpoint" if s.get("layout") else "DeepSpec"
+        layers += f" ({who} ids {s['deepspec_layers']} + 1)"
     click.echo(f"  target layers  {layers}")
     if result.block_size:
-        click.echo(f"  block size     {result.block_size} (drafts up to {result.block_size} tokens per step)")
+        drafts = result.block_size if s.get("sample_from_anchor", True) else result.block_size - 1
+        click.echo(f"  block size     {result.block_size} (drafts up to {drafts} tokens per step)")
     click.echo(f"  tensors        {result.tensors} ({types})")
-    head_note = "own token_embd + output" if result.head == "own" else "shared with the target at run time"
+    own = s.get("head", result.head) == "own"
+    head_note = "own token_embd + output" if own else "shared with the target at run time"
     click.echo(f"  head           {head_note}")
     click.echo(f"  size on disk   {_size(result.size_bytes)}")
     if result.cost_ratio is not None:

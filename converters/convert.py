@@ -45,7 +45,8 @@ class Result:
 def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, out_type: str = "f16",
             head: str = "shared", *, progress: Callable[[int, int], None] | None = None,
             warn: Callable[[str], None] | None = None, offline: bool = False) -> Result:
-    """Convert a DeepSpec DFlash/DSpark or standard EAGLE-3 checkpoint to a draft GGUF.
+    """Convert a DeepSpec DFlash/DSpark, a community DFlash/DSpark/DFlash 2 or a standard EAGLE-3
+    checkpoint to a draft GGUF.
 
     `progress(done_bytes, total_bytes)` is called as tensors are written; `warn(text)` gets
     non-fatal findings. Bad input raises `UserError` and leaves no output file.
@@ -80,7 +81,7 @@ def convert(checkpoint: str, target: str | Path, out: str | Path | None = None, 
         refuse_backbone(kind)
     config.setdefault("_name_or_path", entry["repo"] if entry else _stem(checkpoint))
     with Weights(directory) as weights:
-        if kind.family == "deepspec-dspark":
+        if kind.family in ("deepspec-dspark", "dflash"):  # DeepSpec's and the community layouts
             plan = plan_dspark(config, weights, kind, tgt, head, warn)
         elif kind.family == "deepspec-eagle3":
             plan = plan_deepspec_eagle3(config, weights, kind, tgt, head, warn)

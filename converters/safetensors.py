@@ -195,6 +195,7 @@ class Weights:
 
     def __init__(self, directory: Path):
         directory = Path(directory)
+        self.directory = directory  # side files (mask_embedding.pt) are looked up here
         self.files: list[SafetensorsFile] = []
         self.tensors: dict[str, Tensor] = {}
         index = directory / INDEX_NAME

@@ -45,3 +45,24 @@ def warn_if_cannot_feed(target, warn) -> None:
     if target.arch not in FEEDING_ARCHS:
         warn(f"target arch {target.arch!r} cannot feed hidden states to eagle3/dflash drafts in the "
              "pinned llama.cpp (its graph exposes no layer inputs); this draft will not run with it")
+
+
+def target_tensor(target, name: str):
+    """A [rows, cols] float32 copy of one of the target GGUF's tensors (any ggml type numpy can
+    decode), or None when it has no such tensor. Used where a draft must carry a table the
+    checkpoint does not ship (a patched embedding table, --head own for drafts without one)."""
+    if name not in target.tensors:
+        return None
+    import gguf
+    import numpy as np
+
+    try:
+        reader = gguf.GGUFReader(target.path)
+        t = next(t for t in reader.tensors if t.name == name)
+        qtype = gguf.GGMLQuantizationType(t.tensor_type)
+        values = gguf.quants.dequantize(np.asarray(t.data), qtype)
+    except (NotImplementedError, ValueError, KeyError, StopIteration) as exc:
+        raise UserError(f"cannot read {name} from the target GGUF ({str(exc)[:80] or type(exc).__name__}): "
+                        "use a target GGUF with F32/F16/BF16/Q8_0/K-quant weights") from None
+    rows = int(np.prod([int(d) for d in t.shape[1:]], dtype=np.int64)) if len(t.shape) > 1 else 1
+    return np.ascontiguousarray(values.reshape(rows, int(t.shape[0])), dtype=np.float32)

@@ -8,6 +8,10 @@
 - `make_deepspec_eagle3_checkpoint`: a DeepSpec Eagle3 checkpoint (5 layers, q/k norms).
 - `make_gemma4_eagle3_checkpoint`: a Gemma4Eagle3Model checkpoint for a synthetic gemma4 target.
 - `write_safetensors`: the safetensors format by hand (8-byte header length, JSON, data).
+- `qwen3_target_spec`, `make_community_checkpoint`: the community DFlash/DSpark/DFlash 2
+  layouts (SpecForge, speculators, LiquidAI, Ling, z-lab) of the same DeepSpec weights, for a
+  synthetic qwen3 target (specgguf.synthetic.write_qwen3); `write_torch_pt`: a torch.save zip
+  archive written without torch (mask_embedding.pt).
 
 Weights are random but deterministic (seeded). The checkpoint's embeddings and head are the
 target's own values, as in real DeepSpec checkpoints (frozen copies of the target's).
@@ -44,6 +48,8 @@ def write_safetensors(path: Path, tensors: dict, dtype: str = "BF16") -> None:
     for name, arr in tensors.items():
         if arr.dtype == np.int64:
             data, dt = arr.astype("<i8").tobytes(), "I64"
+        elif arr.dtype == np.bool_:
+            data, dt = arr.astype(np.uint8).tobytes(), "BOOL"
         elif dtype == "BF16":
             data, dt = to_bf16_bits(arr).tobytes(), "BF16"
         elif dtype == "F16":
@@ -178,11 +184,15 @@ def target_arrays(spec: TargetSpec) -> dict:
     return {k: bf16_round(v.astype(np.float32)) for k, v in w.items()}
 
 
-def make_target_gguf(path: Path, spec: TargetSpec = TargetSpec(), arch: str = "qwen3") -> Path:
-    """A loadable qwen3-arch (or other arch name, for capability tests) target GGUF."""
+def make_target_gguf(path: Path, spec: TargetSpec = TargetSpec(), arch: str = "qwen3",
+                     extra_arrays: dict | None = None) -> Path:
+    """A loadable qwen3-arch (or other arch name, for capability tests) target GGUF;
+    `extra_arrays` adds integer array keys (e.g. an M-RoPE target's rope.dimension_sections)."""
     w = target_arrays(spec)
     tokens, types, merges = make_vocab(spec.n_vocab)
     writer = gguf.GGUFWriter(path, arch)
+    for key, values in (extra_arrays or {}).items():
+        writer.add_array(key, list(values))
     writer.add_name("synthetic target")
     a = arch
     writer.add_uint32(f"{a}.context_length", 4096)
@@ -497,3 +507,175 @@ def make_gemma4_eagle3_checkpoint(directory: Path, target_path, *, dtype="BF16",
     tensors = gemma4_eagle3_tensors(config, tw["token_embd.weight"],
                                     tw["output.weight"] if head is None else head, seed)
     return write_checkpoint(directory, config, tensors, dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Community DFlash / DSpark / DFlash 2 layouts (converters/community.py, docs/gguf-formats.md §8)
+# --------------------------------------------------------------------------------------
+
+COMMUNITY_LAYOUTS = ("specforge", "speculators", "lfm2", "ling", "zlab", "dflash2")
+
+
+def qwen3_target_spec(target_path) -> TargetSpec:
+    """The TargetSpec of a synthetic qwen3 target GGUF (specgguf.synthetic.write_qwen3)."""
+    r = gguf.GGUFReader(target_path)
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("GGUF.")}
+    spec = TargetSpec(n_vocab=len(f["tokenizer.ggml.tokens"]), n_embd=f["qwen3.embedding_length"],
+                      n_layer=f["qwen3.block_count"], n_head=f["qwen3.attention.head_count"],
+                      n_head_kv=f["qwen3.attention.head_count_kv"], head_dim=f["qwen3.attention.key_length"],
+                      n_ff=f["qwen3.feed_forward_length"], rope_theta=f["qwen3.rope.freq_base"])
+    assert f["tokenizer.ggml.tokens"][spec.mask_id] == "<|mask|>"
+    return spec
+
+
+def to_interleaved(w: np.ndarray, head_dim: int) -> np.ndarray:
+    """NeoX (rotate-half) rows -> interleaved RoPE pairs, per head: what an interleaved-RoPE
+    export (rope_is_neox_style false) stores for the same model."""
+    shape = w.shape
+    return np.ascontiguousarray(w.reshape(-1, 2, head_dim // 2, *shape[1:]).swapaxes(1, 2).reshape(shape))
+
+
+def _backbone_config(cfg: dict) -> dict:
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "max_position_embeddings",
+            "attention_bias", "hidden_act", "rope_parameters", "layer_types", "tie_word_embeddings")
+    return {k: cfg[k] for k in keys if k in cfg}
+
+
+def community_layout(layout: str, cfg: dict, tensors: dict, *, draft_vocab: int | None = None,
+                     sample_from_anchor: bool | None = None, seed: int = 5,
+                     conv=(2, 16), selector=(8, 4)) -> tuple[dict, dict]:
+    """(config, tensors) of `layout` for the DeepSpec qwen3 draft (cfg, tensors) from
+    dspark_config/dspark_tensors: the same model, as that exporter saves it."""
+    cfg, t = json.loads(json.dumps(cfg)), dict(tensors)
+    method = {"target_layer_ids": cfg["target_layer_ids"], "mask_token_id": cfg["mask_token_id"]}
+    rank = cfg.get("markov_rank") or 0
+    heads = {k: cfg.pop(k) for k in ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                      "confidence_head_with_markov") if k in cfg}
+    if layout == "ling":  # DeepSpec's own Ling drafts: another class name, same everything
+        cfg.update(heads, architectures=["LingDSparkModel"])
+    elif layout == "specforge":  # SpecForge: keys nested in dflash_config, no embeddings or head
+        for k in ("target_layer_ids", "mask_token_id"):
+            cfg.pop(k)
+        cfg.update(architectures=["DSparkDraftModel"], auto_map={"AutoModel": "dspark.DSparkDraftModel"},
+                   markov_rank=rank, dflash_config={**method, **heads, "projector_type": "dspark",
+                                                    "attention_mode": "gqa"})
+        del t["embed_tokens.weight"], t["lm_head.weight"]
+    elif layout == "lfm2":  # LiquidAI: interleaved RoPE rows, keys in dflash_config, no tables
+        hd = cfg["head_dim"]
+        for k in ("target_layer_ids", "mask_token_id", "num_target_layers"):
+            method[k] = cfg.pop(k)
+        cfg.update(heads, architectures=["Lfm2DSparkDraftModel"], rope_is_neox_style=False,
+                   rope_theta=cfg["rope_parameters"]["rope_theta"], dflash_config=method)
+        del cfg["rope_parameters"]
+        for n in list(t):
+            if n.endswith(("q_proj.weight", "k_proj.weight", "q_norm.weight", "k_norm.weight")):
+                t[n] = to_interleaved(t[n], hd)
+        del t["embed_tokens.weight"], t["lm_head.weight"]
+    elif layout == "speculators":  # vLLM speculators: nested backbone config, layer-input ids
+        V = cfg["vocab_size"]
+        Vd = draft_vocab or V
+        cfg = {"architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
+               "transformer_layer_config": _backbone_config(cfg), "draft_vocab_size": Vd,
+               "block_size": cfg["block_size"], "num_anchors": 512,
+               "aux_hidden_state_layer_ids": [i + 1 for i in cfg["target_layer_ids"]],
+               "mask_token_id": cfg["mask_token_id"], "markov_rank": rank, "markov_head_type": "vanilla",
+               "enable_confidence_head": "confidence_head.proj.weight" in t,
+               "confidence_head_with_markov": True, "sliding_window_non_causal": False,
+               "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
+                                      "proposal_methods": [{"proposal_type": "greedy",
+                                                            "speculative_tokens": cfg["block_size"]}]}}
+        del t["embed_tokens.weight"]  # left out on save; lm_head (the target's rows) is kept
+        if Vd < V:
+            rng = np.random.default_rng(seed)
+            keep = np.sort(rng.choice(V, Vd, replace=False))
+            t["lm_head.weight"] = t["lm_head.weight"][keep]
+            if rank:
+                t["markov_head.markov_w2.weight"] = t["markov_head.markov_w2.weight"][keep]
+            t["d2t"] = (keep - np.arange(Vd)).astype(np.int64)
+            mask = np.zeros(V, dtype=np.bool_)
+            mask[keep] = True
+            t["t2d"] = mask
+    elif layout in ("zlab", "dflash2"):  # z-lab: keys in dflash_config, in-place slots, no tables
+        for n in [n for n in t if n.startswith(("markov_head.", "confidence_head."))]:
+            del t[n]
+        del t["embed_tokens.weight"], t["lm_head.weight"]
+        cfg.update(architectures=["DFlashDraftModel"], dflash_config=method)
+        for k in ("target_layer_ids", "mask_token_id", "num_anchors"):
+            cfg.pop(k)
+        if layout == "dflash2":
+            rng = np.random.default_rng(seed)
+            H, V = cfg["hidden_size"], cfg["vocab_size"]
+            (kernel, group), (sel_rank, top_k) = conv, selector
+            method.update(conv_kernel_size=kernel, conv_group_size=group, selector_rank=sel_rank,
+                          selector_top_k=top_k)
+            cfg["architectures"] = ["DFlash2DraftModel"]
+            for i in range(cfg["num_hidden_layers"]):
+                for m in ("attention_conv", "mlp_conv"):
+                    base = np.zeros((2, kernel, H), dtype=np.float32)
+                    base[:, 0] = 1.0  # identity, as trained ones start
+                    base += rng.normal(0, 0.1, base.shape).astype(np.float32)
+                    t[f"layers.{i}.{m}.base_kernel"] = base
+                    t[f"layers.{i}.{m}.kernel_projection.weight"] = \
+                        rng.normal(0, 0.02, (2 * kernel * (H // group), H)).astype(np.float32)
+            t["candidate_selector.predecessor_codebook"] = rng.normal(0, 0.5, (V, sel_rank)).astype(np.float32)
+            t["candidate_selector.successor_codebook"] = rng.normal(0, 0.5, (V, sel_rank)).astype(np.float32)
+            t["candidate_selector.hidden_projection.weight"] = \
+                rng.normal(0, H ** -0.5, (sel_rank, H)).astype(np.float32)
+    else:
+        raise ValueError(layout)
+    if sample_from_anchor is not None:
+        cfg["sample_from_anchor"] = sample_from_anchor
+    return cfg, t
+
+
+def make_community_checkpoint(directory: Path, spec: TargetSpec, layout: str, *, dtype="BF16", seed=1,
+                              draft_vocab=None, sample_from_anchor=None, edit=None, **config_kw) -> Path:
+    """A checkpoint of a community layout whose weights are make_dspark_checkpoint's (same seed).
+    `edit(config, tensors)` changes either before writing."""
+    base = dspark_config(spec, **config_kw)
+    cfg, t = community_layout(layout, base, dspark_tensors(spec, base, seed), draft_vocab=draft_vocab,
+                              sample_from_anchor=sample_from_anchor)
+    if edit is not None:
+        edit(cfg, t)
+    return write_checkpoint(directory, cfg, t, dtype)
+
+
+def write_torch_pt(path: Path, obj: dict) -> Path:
+    """A torch.save (zip) archive of a flat dict of ints and float32 arrays, written by hand:
+    the pickle rebuilds each array with torch._utils._rebuild_tensor_v2 from a FloatStorage,
+    as torch's own files do. The converter reads it without torch (converters/torchpt.py)."""
+    import zipfile
+
+    def uni(text: str) -> bytes:
+        raw = text.encode()
+        return b"X" + struct.pack("<I", len(raw)) + raw
+
+    def binint(v: int) -> bytes:
+        return b"J" + struct.pack("<i", int(v))
+
+    def tup(items) -> bytes:
+        return b"(" + b"".join(items) + b"t"
+
+    body, storages = [b"\x80\x02}("], {}
+    for key, value in obj.items():
+        body.append(uni(key))
+        if isinstance(value, np.ndarray):
+            arr = np.ascontiguousarray(value, dtype=np.float32)
+            skey = str(len(storages))
+            storages[skey] = arr.astype("<f4").tobytes()
+            strides = [int(np.prod(arr.shape[i + 1:], dtype=np.int64)) for i in range(arr.ndim)]
+            pid = tup([uni("storage"), b"ctorch\nFloatStorage\n", uni(skey), uni("cpu"), binint(arr.size)])
+            args = tup([pid + b"Q", binint(0), tup(binint(d) for d in arr.shape),
+                        tup(binint(s) for s in strides), b"\x89", b"ccollections\nOrderedDict\n)R"])
+            body.append(b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R")
+        else:
+            body.append(binint(value))
+    body.append(b"u.")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"".join(body))
+        z.writestr("archive/byteorder", "little")
+        for skey, raw in storages.items():
+            z.writestr(f"archive/data/{skey}", raw)
+        z.writestr("archive/version", "3\n")
+    return Path(path)
