@@ -117,6 +117,13 @@ def qwen35_target(synth_dir):
 
 
 @pytest.fixture(scope="session")
+def qwen35_mtp_target(synth_dir):
+    """A counting qwen35 target with its own MTP block (which predicts the successor); its layers
+    weigh more, so the target tips near-ties the block does not: partial acceptance."""
+    return write_hybrid("qwen35", synth_dir / "qwen35-mtp.gguf", counting=True, mix=1.0, mtp_layers=1)
+
+
+@pytest.fixture(scope="session")
 def lfm2_draft(synth_dir):
     return write_hybrid("lfm2", synth_dir / "lfm2-draft.gguf", counting=True, quant="Q8_0",
                         mix=HYBRID_DRAFT_MIX["lfm2"])

@@ -180,3 +180,37 @@ def test_serve_parallel_with_the_openai_client(hybrid):
     assert cached and cached > 0
     with SpecGGUF(target, n_ctx=N_CTX) as fresh:
         assert r.choices[0].text == fresh.generate(longer, max_tokens=20).text
+
+
+@pytest.mark.parametrize("draft_max", [4, 24, "auto"])
+def test_own_mtp_block_is_lossless(qwen35_mtp_target, draft_max):
+    """`--draft mtp` on a qwen35 target drafts with its own NextN block (drafters/mtp.py:
+    NextNDrafter): greedy and seeded output equal plain decoding's, drafts are accepted and
+    rejected (the target's layers tip near-ties its block does not), and a second prompt that
+    goes on from the first reuses the cache."""
+    with SpecGGUF(qwen35_mtp_target, n_ctx=N_CTX) as plain:
+        want = plain.generate(PROMPT, max_tokens=MAX_TOKENS).tokens
+        sampled = plain.generate(PROMPT, max_tokens=40, temperature=0.8, seed=3).tokens
+        with SpecGGUF(qwen35_mtp_target, draft="mtp", draft_max=draft_max, n_ctx=N_CTX) as spec:
+            got = spec.generate(PROMPT, max_tokens=MAX_TOKENS)
+            assert got.tokens == want
+            assert got.stats.drafted > got.stats.accepted > 0
+            assert spec.generate(PROMPT, max_tokens=40, temperature=0.8, seed=3).tokens == sampled
+            longer = PROMPT + want[:20] + [5, 6, 7]
+            again = spec.generate(longer, max_tokens=20)
+        assert again.stats.cached_tokens == len(PROMPT) - 1  # the checkpoint at the first prompt's end
+        assert again.tokens == plain.generate(longer, max_tokens=20).tokens
+
+
+def test_own_mtp_block_refusals(lfm2_target, qwen35_target, qwen35_mtp_target):
+    from conftest import run_cli
+    from test_cli import assert_one_line_error
+
+    assert_one_line_error(run_cli("generate", lfm2_target, "-p", "hi", "-n", "4", "--draft", "mtp"),
+                          "lfm2", "qwen35")
+    assert_one_line_error(run_cli("generate", qwen35_target, "-p", "hi", "-n", "4", "--draft", "mtp"),
+                          "no MTP layers")
+    with pytest.raises(ValueError, match="one sequence"):
+        SpecGGUF(qwen35_mtp_target, draft="mtp", n_ctx=N_CTX, n_parallel=2)
+    assert_one_line_error(run_cli("generate", qwen35_mtp_target, "-p", "hi", "-n", "4", "--draft", "suffix",
+                                  "--draft", "mtp"), "nothing else")

@@ -44,7 +44,11 @@ def make_drafter(spec: "DraftSpec | str", target, kind: str | None = None, draft
     if target.ctx.rollback == "none":
         # llama.cpp's loops refuse such a context too (COMMON_CONTEXT_SEQ_RM_TYPE_NO)
         raise UserError(f"{target.info.path.name} ({target.info.arch}) keeps no cache that could take back rejected "
-                        "draft tokens, so specgguf cannot speculate on it: run it without --draft", param="draft")
+                        "drafted tokens, so specgguf cannot speculate on it: run it without --draft", param="draft")
+    if spec.own_mtp:
+        from .mtp import NextNDrafter
+
+        return NextNDrafter(target, draft_max=draft_max, n_threads=n_threads, p_min=p_min, n_min=n_min)
     lookup_options = {k: v for k, v in options.items() if k == "max_shared_tokens"}
     if spec.hybrid:
         # a suffix lookup where it pays more than the model draft (drafters/hybrid.py)

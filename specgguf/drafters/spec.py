@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from ..errors import UserError
 
 LOOKUPS = ("ngram", "suffix")  # draft kinds that need no file
+OWN_MTP = "mtp"  # the target's own multi-token-prediction layers (Qwen3.5's NextN block): no file either
 HYBRID_PREFIX = "suffix+"  # the hybrid's one-string form, 'suffix+PATH' (SpecGGUF(draft=...) has always taken it)
 
 
@@ -29,6 +30,8 @@ class DraftSpec:
     kind: str | None = None
 
     def __post_init__(self):
+        if self.own_mtp:
+            return
         if self.lookup is None and self.model is None:
             raise UserError("a draft spec needs a lookup ('ngram', 'suffix') or a draft model", param="draft")
         if self.lookup is not None and self.lookup not in LOOKUPS:
@@ -58,6 +61,11 @@ class DraftSpec:
         if not isinstance(value, str) or not value:
             raise UserError(f"draft must be 'ngram', 'suffix' or a path or Hugging Face id of a draft GGUF "
                             f"(got {value!r})", param="draft")
+        if value == OWN_MTP:
+            if kind not in (None, OWN_MTP):
+                raise UserError(f"--draft mtp drafts with the target's own MTP layers, so it cannot run as "
+                                f"--draft-kind {kind} (leave out --draft-kind)", param="draft_kind")
+            return cls(kind=OWN_MTP)
         if value in LOOKUPS:
             if kind not in (None, value):
                 raise UserError(f"--draft {value} needs no file, so it cannot run as --draft-kind {kind} "
@@ -79,6 +87,9 @@ class DraftSpec:
             return cls.parse(None, kind)
         if len(values) == 1:
             return cls.parse(values[0], kind)
+        if OWN_MTP in values:
+            raise UserError("--draft mtp (the target's own MTP layers) pairs with nothing else: give it alone",
+                            param="draft")
         models = [v for v in values if v not in LOOKUPS]
         if len(values) == 2 and "suffix" in values and len(models) == 1:
             return cls(lookup="suffix", model=models[0], kind=kind)
@@ -90,6 +101,11 @@ class DraftSpec:
         return replace(self, model=None if model is None else os.fspath(model))
 
     @property
+    def own_mtp(self) -> bool:
+        """The target drafts for itself with its own MTP (NextN) layers (`--draft mtp`)."""
+        return self.lookup is None and self.model is None and self.kind == OWN_MTP
+
+    @property
     def hybrid(self) -> bool:
         return self.lookup is not None and self.model is not None
 
@@ -97,4 +113,6 @@ class DraftSpec:
         """The one-string form: 'ngram', 'suffix', the model, or 'suffix+MODEL'."""
         if self.hybrid:
             return HYBRID_PREFIX + self.model
+        if self.own_mtp:
+            return OWN_MTP
         return self.model if self.model is not None else self.lookup

@@ -84,7 +84,8 @@ def load(target, draft: DraftSpec | None = None, *, draft_max: int | str = "auto
     target = hub.resolve(target, what="target", cache_dir=cache_dir)
     loaded = Loaded(Target(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                            rpc_servers=rpc_servers, flash_attn=flash_attn, batch_invariant=batch_invariant,
-                           n_parallel=n_parallel, n_rs_seq=snapshots_for(draft, draft_max)), None)
+                           n_parallel=n_parallel, n_rs_seq=snapshots_for(draft, draft_max),
+                           load_mtp=draft is not None and draft.own_mtp), None)
     try:
         if n_threads_batch is not None:
             loaded.target.ctx.set_threads(loaded.target.n_threads, n_threads_batch)

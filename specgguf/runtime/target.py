@@ -73,13 +73,14 @@ class Target:
     def __init__(self, path, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, info: GGUFInfo | None = None, rpc_servers=None,
                  flash_attn: bool | None = False, batch_invariant: bool = False, n_parallel: int = 1,
-                 n_rs_seq: int = 0):
+                 n_rs_seq: int = 0, load_mtp: bool = False):
         """batch_invariant: ggml's reference CPU kernels, flash attention on, no repacked weights,
         and `verify_width` measured (runtime/invariance.py); the target must run on the CPU.
         n_parallel: sequences the context holds at once, each with n_ctx cells of its own
         (decoding/sharedctx.py, decoding/slots.py drives them); 1: the one sequence of every other use.
         n_rs_seq: recurrent-state snapshots per sequence (a hybrid or recurrent target whose arch
-        llama.cpp can roll back so: decoding/rollback.py); ignored for every other model."""
+        llama.cpp can roll back so: decoding/rollback.py); ignored for every other model.
+        load_mtp: load the model's own MTP (NextN) layers, for a `--draft mtp` drafter."""
         self.info = info or read_gguf(path, "target")  # validated before llama.cpp sees it
         check_loadable(self.info, "target")
         n_ctx = check_settings(self.info, n_ctx, n_threads, n_gpu_layers)
@@ -89,7 +90,7 @@ class Target:
                             "CPU backend switch): drop --gpu-layers/--rpc, or the mode", param="batch_invariant")
         self.model = native.Model(self.info.path, n_gpu_layers=n_gpu_layers,
                                   devices=offload_devices(rpc_servers, n_gpu_layers),
-                                  extra_bufts=not batch_invariant)
+                                  extra_bufts=not batch_invariant, load_mtp=load_mtp)
         try:
             # flash_attn: off by default, as llama_cpp.Llama has it (docs/machines.md: lossless past 512
             # cells on the CPU); None lets llama.cpp choose (auto); True forces it on. The batch-invariant

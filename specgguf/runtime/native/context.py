@@ -95,9 +95,10 @@ class Context(_Owned):
         self.n_vocab = model.n_vocab
         # how this cache takes back positions: "trim" (KV cells), "snapshots" (a recurrent state
         # rolled back up to n_rs_seq tokens) or "checkpoint" (saved and restored: decoding/rollback.py)
-        self.n_rs_seq = int(C.llama_n_rs_seq(ptr)) if model.recurrent else 0
+        self.n_rs_seq = int(C.llama_n_rs_seq(ptr)) if model.recurrent and not mtp else 0
         # (common_context_can_seq_rm's answers; "none": no memory at all, nothing to take back)
-        self.rollback = ("none" if not self._mem else "trim" if not model.recurrent
+        # an MTP context keeps a plain KV cache for the NextN layer, even on a hybrid model
+        self.rollback = ("none" if not self._mem else "trim" if not model.recurrent or mtp
                          else "snapshots" if self.n_rs_seq else "checkpoint")
         # seq -> how many trailing positions a snapshot can take back now: the graph keeps the
         # states of the last pass's tokens only (slot s = s tokens back, s < its width), and one

@@ -17,12 +17,15 @@ class Model(_Owned):
     """A loaded GGUF model (weights and vocabulary)."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
-                 devices: list[int] | None = None, extra_bufts: bool = True):
+                 devices: list[int] | None = None, extra_bufts: bool = True, load_mtp: bool = False):
         """extra_bufts=False: weights stay out of the CPU repack (and AMX) buffers, whose gemm
-        takes rows in groups of 4 (docs/machines.md: batch invariance)."""
+        takes rows in groups of 4 (docs/machines.md: batch invariance).
+        load_mtp: load the model's own multi-token-prediction (NextN) layers too, which an MTP
+        context on this model runs (drafters/mtp.py: NextNDrafter); llama.cpp skips them otherwise."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.vocab_only = bool(vocab_only)
+        params.load_mtp = bool(load_mtp)
         if not extra_bufts or not vocab_only and amx_verdict().fallback:  # AMX kernels that crash on this CPU
             params.use_extra_bufts = False
         if devices is not None:  # where offloaded layers go (None: every GPU llama.cpp finds)
