@@ -51,8 +51,9 @@ def model_options(f):
                           "from the local cache only, never the network (also HF_HUB_OFFLINE=1)."),
         click.option("--draft", "-d", multiple=True, callback=_draft_values,
                      help="A draft GGUF (a path or a Hugging Face id; same tokenizer as the target), 'ngram' "
-                          "(prompt lookup) or 'suffix' (lookup in the text and in earlier outputs); give 'suffix' and a GGUF (--draft "
-                          "suffix --draft D.gguf) to use each where it pays. Omit for plain decoding."),
+                          "(prompt lookup), 'suffix' (lookup in the text and in earlier outputs) or 'mtp' (the target's own MTP "
+                          "layers: Qwen3.5/3.6); give 'suffix' and a GGUF (--draft suffix --draft D.gguf) to use "
+                          "each where it pays. Omit for plain decoding."),
         click.option("--draft-max", default="auto", show_default=True,
                      help="Tokens drafted per round: a number, or auto (chosen each round from costs "
                           "measured on this machine and the acceptance so far; 0 when drafting does not pay)."),
