@@ -162,7 +162,8 @@ def convert_command(checkpoint, target, output, out_type, head, offline):
 
 @click.command("models")
 def models_command():
-    """List the released DeepSpec checkpoints that `specgguf convert` knows."""
+    """List the released DeepSpec checkpoints that `specgguf convert` knows, and the drafters
+    others report for Qwen3.5/3.6/3.8, Nemotron and LFM2 targets."""
     entries = registry.entries()
     if not entries:
         click.echo("no registry found (models/deepspec.json is missing from this install)")
@@ -175,3 +176,12 @@ def models_command():
         build = e.get("build") or "-"  # stock, or patched (specgguf build-llama --patched)
         click.echo(f"{e['repo']:<{width}}  {e['kind']:<7} {build:<8} {e['target']:<22} {layers:<22} {block}")
         click.echo(f"{'':<{width}}  {e['note']}")
+    reported = registry.community()
+    if reported:
+        click.echo("")
+        click.echo("reported by others (not downloaded or checked here; specgguf convert reads these layouts):")
+        width = max(len(e["repo"]) for e in reported)
+        click.echo(f"{'checkpoint':<{width}}  {'kind':<7} {'target':<18} layout")
+        for e in reported:
+            click.echo(f"{e['repo']:<{width}}  {e['kind']:<7} {e['target']:<18} {e['layout']}")
+            click.echo(f"{'':<{width}}  {e['status']}; runs: {e['runs']}")

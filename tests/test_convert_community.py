@@ -522,3 +522,20 @@ def test_converted_layout_drafts_losslessly_in_specgguf(tmp_path, target, spec, 
             assert gen.tokens == plain and gen.stats.drafted > 0
         finally:
             drafter.close()
+
+
+def test_models_lists_the_reported_community_drafters():
+    """`specgguf models` lists the drafters others report (issue 43) beside DeepSpec's, each
+    with its kind, target, layout, that it is reported, and what this release runs."""
+    from conftest import run_cli
+    from specgguf.converters import registry
+
+    reported = registry.community()
+    assert len(reported) >= 8
+    for e in reported:
+        assert {"repo", "kind", "target", "layout", "status", "runs"} <= set(e)
+        assert e["status"].startswith("reported") and e["kind"] in ("dspark", "dflash", "dflash2")
+    assert {e["kind"] for e in reported} == {"dspark", "dflash", "dflash2"}
+    assert not any(registry.find(e["repo"]) for e in reported)  # never trusted for a conversion
+    out = run_cli("models").stdout
+    assert "reported by others" in out and "z-lab/Qwen3.8-27B-DFlash2" in out and "DSparkSpeculator" in out
