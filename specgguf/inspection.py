@@ -62,7 +62,49 @@ def describe(path, target_path=None) -> list[str]:
         except UserError as exc:
             verdict = f"does NOT fit target {tgt.path.name}: {exc}"
         lines.append(f"pairing:      {verdict}")
+    if kind != "model":
+        flags = health_flags(info, tgt if target_path else None)
+        lines.append(f"health:       {'; '.join(flags) if flags else 'no static problem seen'}")
     return lines
+
+
+def health_flags(info, target=None) -> list[str]:
+    """What the file's weights say about a draft that would accept next to nothing (users'
+    "is this drafter even working?"): norms never trained (every weight exactly 1.0), a head or
+    projection that is all zeros, target layers the target does not have. Reads tensor data
+    (memory-mapped), no llama.cpp."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    flags = []
+    try:
+        reader = GGUFReader(str(info.path))
+    except (OSError, ValueError) as exc:
+        return [f"cannot read its tensors ({exc})"]
+    norms, untrained = 0, []
+    for t in reader.tensors:
+        name, data = t.name, np.asarray(t.data)
+        if name.endswith("norm.weight") and data.dtype in (np.float32, np.float16):
+            norms += 1
+            if data.size and bool(np.all(data == 1.0)):
+                untrained.append(name)
+        elif name in _HEADS and data.size and not np.any(data.view(np.uint8)):
+            flags.append(f"{name} is all zeros (a head switched off: it drafts nothing useful)")
+    if untrained and len(untrained) == norms:
+        flags.append(f"all {norms} norm weights are exactly 1.0 (never trained, or lost in the export)")
+    elif untrained:
+        flags.append(f"{len(untrained)} of {norms} norm weights are exactly 1.0 ({', '.join(untrained[:3])}"
+                     f"{', ...' if len(untrained) > 3 else ''}): untrained?")
+    if target is not None and info.target_layers:
+        out = [i for i in info.target_layers if not 0 <= i < target.n_layer]
+        if out:
+            flags.append(f"target layers {out} are out of range for {target.path.name} ({target.n_layer} layers)")
+    return flags
+
+
+# a draft's head and the projections its features pass through: all zeros disables it
+_HEADS = ("output.weight", "fc.weight", "markov_w1.weight", "markov_w2.weight", "conf_proj.weight",
+          "blk.0.attn_q.weight")
 
 
 # What `--accept ratio` knows of each kind's draft distribution q (tests/test_sampling.py

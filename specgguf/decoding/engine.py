@@ -19,6 +19,7 @@ from typing import Iterator
 
 from ..errors import UserError
 from .promptcache import MIN_REUSE, PromptCache  # noqa: F401  (MIN_REUSE: the engine's reuse threshold, named here too)
+from .health import DraftHealth
 from .rollback import Rollback
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
@@ -77,6 +78,7 @@ class Engine:
     def __init__(self, target, drafter=None, draft_max: int | str = 8, deterministic: bool = False):
         self.target, self.drafter = target, drafter
         self.lengths = self.profile = None
+        self.health = DraftHealth.watch(drafter)  # says so when a draft file accepts next to nothing
         if not isinstance(deterministic, bool):
             raise UserError(f"deterministic must be True or False (got {deterministic!r})", param="deterministic")
         self.deterministic = deterministic
@@ -478,6 +480,9 @@ class Generation:
                 stats.draft_s += (t1 - t0) + (t3 - t2) - back_s
                 stats.verify_s += t2 - t1 + back_s
                 stats.record_round(len(draft), k, self.prediction is not None and drafter.source == "prediction")
+                if engine.health is not None and drafter.source in (None, "model", "drafter"):
+                    engine.health.observe(len(draft), k)  # the draft file's own rounds, not lookups'
+                    stats.draft_warning = engine.health.warning
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))
                 if lengths is not None:
                     # a cold pass (the first this wide: native.Context._process) is not a cost

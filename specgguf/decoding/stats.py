@@ -35,6 +35,8 @@ class GenerationStats:
     # a target with a recurrent state (decoding/rollback.py): None for a KV-only cache; else how
     # its rejected tails were taken back (mode, snapshot rollbacks, checkpoint restores, ...)
     rollback: dict | None = None
+    # decoding/health.py: the warning given when this draft file accepts next to nothing, else None
+    draft_warning: str | None = None
 
     @property
     def batch_invariant(self) -> bool:
@@ -108,6 +110,7 @@ class GenerationStats:
             "verify_width": self.verify_width,
             "prediction": None if self.prediction is None else dict(self.prediction),
             "rollback": None if self.rollback is None else dict(self.rollback),
+            "draft_warning": self.draft_warning,
         }
 
     def summary(self) -> str:

@@ -27,6 +27,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.totals = {key: 0 for _, key, _ in _COUNTERS}
         self.generations = 0
+        self.draft_warning: str | None = None  # decoding/health.py's, once a generation reported one
 
     def observe(self, stats: dict | None) -> None:
         """Add one response's `specgguf` stats (None: nothing to add)."""
@@ -34,6 +35,7 @@ class Metrics:
             return
         with self._lock:
             self.generations += 1
+            self.draft_warning = stats.get("draft_warning") or self.draft_warning
             for _, key, _ in _COUNTERS:
                 self.totals[key] += stats.get(key, 0) or 0
 
@@ -64,6 +66,10 @@ class Metrics:
         metric("requests_waiting", "gauge", "Requests waiting in the queue.", [("", queue.get("waiting", 0))])
         metric("requests_running", "gauge", "Requests being generated (at most the slots).",
                [("", queue.get("running_jobs", int(bool(queue.get("running")))))])
+        warning = self.draft_warning
+        metric("draft_warning", "gauge", "1 when the draft accepts next to nothing (its text in the label).",
+               [("" if warning is None else '{message="%s"}' % warning.replace("\\", "\\\\").replace('"', '\\"'),
+                 int(warning is not None))])
         if "slots" in queue:
             metric("slots", "gauge", "Sequences the model decodes at once (serve --parallel).", [("", queue["slots"])])
             metric("slots_busy", "gauge", "Slots holding a generation now.", [("", queue["slots_busy"])])
