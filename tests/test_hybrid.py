@@ -214,3 +214,18 @@ def test_own_mtp_block_refusals(lfm2_target, qwen35_target, qwen35_mtp_target):
         SpecGGUF(qwen35_mtp_target, draft="mtp", n_ctx=N_CTX, n_parallel=2)
     assert_one_line_error(run_cli("generate", qwen35_mtp_target, "-p", "hi", "-n", "4", "--draft", "suffix",
                                   "--draft", "mtp"), "nothing else")
+
+
+def test_ram_state_cache_on_hybrids(hybrid):
+    """--cache-ram (prompt_cache_bytes): a conversation that another one pushed out of the live
+    context comes back from its saved state (recurrent state included) and answers as fresh."""
+    target, draft = hybrid["target"], hybrid["drafts"]["ngram"]
+    a, b = PROMPT, list(range(150, 250))
+    with SpecGGUF(target, draft=draft, draft_max=4, n_ctx=N_CTX, prompt_cache_bytes=64 << 20) as spec:
+        first = spec.generate(a, max_tokens=20)
+        spec.generate(b, max_tokens=20)  # cuts the live context: a's state is saved first
+        back = a + first.tokens + [7, 8, 9]
+        again = spec.generate(back, max_tokens=20)
+    assert again.stats.cached_tokens >= len(a)
+    with SpecGGUF(target, n_ctx=N_CTX) as fresh:
+        assert again.tokens == fresh.generate(back, max_tokens=20).tokens
