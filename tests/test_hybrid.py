@@ -229,3 +229,15 @@ def test_ram_state_cache_on_hybrids(hybrid):
     assert again.stats.cached_tokens >= len(a)
     with SpecGGUF(target, n_ctx=N_CTX) as fresh:
         assert again.tokens == fresh.generate(back, max_tokens=20).tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_invariant_mode_on_quantised_hybrids(arch, request):
+    """--batch-invariant measures its verify width on a hybrid too (the width probe goes back
+    through a checkpoint, runtime/invariance.py); on the Q8_0 variants every answer is plain's."""
+    target = request.getfixturevalue(f"{arch}_draft")  # the Q8_0 counting variant
+    with SpecGGUF(target, n_ctx=N_CTX) as plain:
+        want = plain.generate(PROMPT, max_tokens=40).tokens
+    with SpecGGUF(target, draft="ngram", n_ctx=N_CTX, batch_invariant=True) as spec:
+        got = spec.generate(PROMPT, max_tokens=40)
+    assert got.tokens == want and got.stats.verify_width > 1 and got.stats.drafted > 0

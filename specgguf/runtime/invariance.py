@@ -56,6 +56,8 @@ def compare_widths(ctx: "native.Context", batch: "native.Batch", tokens: list[in
         for start in range(0, depth, ctx.n_batch):
             batch.clear().add_tokens(tokens[start:min(start + ctx.n_batch, depth)], start, "none")
             ctx.decode(batch)
+        # a recurrent state goes back to depth only from a checkpoint (decoding/rollback.py)
+        saved = ctx.partial_state_bytes() if ctx.rollback != "trim" else None
         ref = np.empty((wmax, ctx.n_vocab), dtype=np.float32)
         for i in range(wmax):
             batch.clear().add_tokens([tokens[depth + i]], depth + i, "all")
@@ -63,6 +65,8 @@ def compare_widths(ctx: "native.Context", batch: "native.Batch", tokens: list[in
             ref[i] = ctx.logits_block(1)[0]
         rows = {}
         for w in widths:
+            if saved is not None:
+                ctx.load_partial_state_bytes(saved)
             ctx.seq_rm(depth)
             batch.clear().add_tokens(tokens[depth:depth + w], depth, "all")
             ctx.decode(batch)
