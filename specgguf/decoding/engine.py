@@ -480,7 +480,7 @@ class Generation:
                 stats.draft_s += (t1 - t0) + (t3 - t2) - back_s
                 stats.verify_s += t2 - t1 + back_s
                 stats.record_round(len(draft), k, self.prediction is not None and drafter.source == "prediction")
-                if engine.health is not None and drafter.source in (None, "model", "drafter"):
+                if engine.health is not None and drafter is not None and drafter.source in (None, "model", "drafter"):
                     engine.health.observe(len(draft), k)  # the draft file's own rounds, not lookups'
                     stats.draft_warning = engine.health.warning
                 stats.draft_lengths.append(len(draft) if conf is not None else max(n_max, 0))

@@ -209,6 +209,11 @@ class PromptCache:
         if drafter is not None:
             if n_draft > n:
                 n_draft = drafter.resume(n)
+                if drafter.reads_target and n_draft < n:
+                    # back at a recurrent checkpoint, the drafter wants target rows before it
+                    # (eagle3 goes back one more), which no pass can give now: read afresh
+                    ctx.clear()
+                    n = n_draft = drafter.resume(0)
             if n_draft < n:  # a draft model's own cache catches up without the target
                 drafter.process(body[n_draft:n], n_draft)
         return n

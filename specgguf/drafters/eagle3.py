@@ -28,6 +28,9 @@ class Eagle3Drafter(HiddenStateDrafter):
         self.ctx.set_embeddings_nextn(True, True)  # encoder output g, decoder pre-norm state h
         self.enc_batch = native.Batch(self.ctx)  # embedding rows of encoder width only
         self._reset_state()
+        self.marks: dict[int, np.ndarray] = {}
+
+    MARKS = 4  # prompt ends whose boundary is kept (a recurrent target's checkpoints are there)
 
     def _reset_state(self) -> None:
         self.pending_pos = -1
@@ -38,12 +41,26 @@ class Eagle3Drafter(HiddenStateDrafter):
     def reset(self) -> None:
         super().reset()
         self._reset_state()
+        self.marks: dict[int, np.ndarray] = {}  # n -> the deferred g at n - 1, at the ends of prompts
+
+    def begin(self, history) -> None:
+        super().begin(history)
+        if self.pending_pos == len(history) - 1 >= 0:
+            self.marks[len(history)] = self.pending_g.copy()
+            while len(self.marks) > self.MARKS:
+                del self.marks[min(self.marks)]
 
     def resume(self, n: int) -> int:
         # the cell at P is built from the token at P+1, the first one the new prompt may
-        # change: keep the cells before n - 1, and the target re-decodes n - 1 (whose g it gives)
+        # change: keep the cells before n - 1; the boundary at n - 1 needs its g, which the
+        # last pass or a prompt's end may have left (else the target re-decodes n - 1)
+        g = self.pending_g if n >= 1 and self.pending_pos == n - 1 else self.marks.get(n)
         kept = super().resume(n - 1) if n > 1 else super().resume(0)
         self._reset_state()
+        self.marks = {m: v for m, v in self.marks.items() if m <= n}
+        if g is not None and kept == n - 1:
+            self.pending_pos, self.pending_g = n - 1, g.copy()
+            return n
         return kept
 
     def save(self):
@@ -52,6 +69,7 @@ class Eagle3Drafter(HiddenStateDrafter):
     def restore(self, state) -> bool:
         super().restore(state[0])
         self._reset_state()
+        self.marks = {}  # another conversation's
         self.pending_pos, self.pending_g = state[1], state[2].copy()
         return True
 
