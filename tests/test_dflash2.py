@@ -245,8 +245,9 @@ def assert_walks_the_lattice(walk, lat, what) -> None:
 def test_reference_agrees_with_llama_cpp(random_ck, random_draft, qwen3_target):
     """llama.cpp's graph on the converted file and the PyTorch-semantics reference on the
     checkpoint: the same logits, the same K candidates per position, the same K x K scores
-    (predecessor-major, in llama.cpp's candidate order), the same greedy path (or one that parts at a near-tie), at block lengths
-    8, 4 and 2 (the selector runs over the block as decoded)."""
+    (predecessor-major, in llama.cpp's candidate order), the same greedy path (or one that
+    parts at a near-tie), at block lengths 8, 4 and 2 (the selector runs over the block as
+    decoded)."""
     cfg = json.loads((random_ck / "config.json").read_text())
     w = checkpoint_weights(random_ck, qwen3_target)
     spec = F.qwen3_target_spec(qwen3_target)
