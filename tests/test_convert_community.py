@@ -497,8 +497,8 @@ def test_bad_mask_embedding_is_refused(tmp_path, target, spec, case, match):
 
 @pytest.mark.parametrize("case", ["zlab", "speculators-reduced", "dflash2"])
 def test_converted_layout_drafts_losslessly_in_specgguf(tmp_path, target, spec, case):
-    """The engine's dflash/dspark drafter runs the converted file (DFlash 2 as plain DFlash: from
-    its logits) and leaves the target's greedy output unchanged."""
+    """The engine's dflash/dspark drafter runs the converted file (a DFlash 2 file through its
+    lattice walk, tests/test_dflash2.py) and leaves the target's greedy output unchanged."""
     from specgguf.decoding.engine import Engine
     from specgguf.drafters import make_drafter
     from specgguf.runtime.target import Target
