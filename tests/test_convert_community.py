@@ -524,6 +524,21 @@ def test_converted_layout_drafts_losslessly_in_specgguf(tmp_path, target, spec, 
             drafter.close()
 
 
+@pytest.mark.parametrize("case", ["zlab", "speculators-reduced", "lfm2", "specforge"])
+def test_converted_layout_matches_llama_cpp_per_round(tmp_path, target, spec, case):
+    """The stock llama-speculative-simple runs the converted file too, and specgguf drafts and
+    accepts what it does, round for round (greedy; a reduced vocabulary through d2t). Random
+    weights: the target accepts nothing, so this checks the drafted counts, each round's token
+    and the text; the drafted tokens with acceptances are the DeepSpec file's (the tensors are
+    byte-identical, above), whose parity tests/test_parity.py checks."""
+    from test_dflash2 import parity_rounds
+
+    layout, options, kind, _ = CONVERTS[case]
+    out = convert(str(ck(tmp_path, spec, layout, **options)), target, tmp_path / "d.gguf")
+    rounds = parity_rounds(target, out.path, tmp_path, draft_max=4, n_predict=24, spec_type=f"draft-{kind}")
+    assert sum(n for n, _ in rounds) > 0
+
+
 def test_models_lists_the_reported_community_drafters():
     """`specgguf models` lists the drafters others report (issue 43) beside DeepSpec's, each
     with its kind, target, layout, that it is reported, and what this release runs."""

@@ -377,14 +377,17 @@ def test_seeded_sampling_is_plain_sampling(pairs, name):
 
 # -- parity with llama-speculative-simple ---------------------------------------------------------
 
-def _parity(target, draft, tmp_path, draft_max=4, p_min=None, n_predict=40):
+def parity_rounds(target, draft, tmp_path, draft_max=4, p_min=None, n_predict=40, spec_type="draft-dflash"):
+    """Greedy rounds of specgguf and llama-speculative-simple on one pair: asserts they agree
+    (rounds while the budget caps both alike, each round's closing token, the text) and
+    returns ours. Used for the converted community layouts too (test_convert_community.py)."""
     from test_parity import PROMPT_EN, THREADS, run_specgguf
 
     cpp_baseline.require_tool()
     extra_cpp = ("--spec-draft-p-min", str(p_min)) if p_min else ()
     extra_ours = ("--draft-p-min", str(p_min)) if p_min else ()
     cpp = cpp_baseline.run_speculative_simple(target, draft, PROMPT_EN, n_predict=n_predict, n_ctx=1024,
-                                              draft_max=draft_max, threads=THREADS, spec_type="draft-dflash",
+                                              draft_max=draft_max, threads=THREADS, spec_type=spec_type,
                                               workdir=tmp_path, extra_args=extra_cpp)
     ours = run_specgguf(target, draft, PROMPT_EN, n_predict=n_predict, n_ctx=1024, draft_max=draft_max,
                         extra=extra_ours)
@@ -415,7 +418,7 @@ def test_rounds_match_llama_cpp(pairs, name, draft_max, request, tmp_path):
         target, draft = request.getfixturevalue(f"{name}_target"), pairs["counting"][1]
     else:
         target, draft = pairs[name]
-    rounds = _parity(target, draft, tmp_path, draft_max=draft_max)
+    rounds = parity_rounds(target, draft, tmp_path, draft_max=draft_max)
     assert sum(n for n, _ in rounds) > 0
     if name != "random":
         assert sum(k for _, k in rounds) > 0 and any(k < n for n, k in rounds)
@@ -424,7 +427,7 @@ def test_rounds_match_llama_cpp(pairs, name, draft_max, request, tmp_path):
 def test_p_min_cuts_where_llama_cpp_cuts(pairs, tmp_path):
     """--draft-p-min on DFlash 2 is the selector's softmax at its choice (not the logits')."""
     target, draft = pairs["random"]
-    rounds = _parity(target, draft, tmp_path, draft_max=7, p_min=0.4)
+    rounds = parity_rounds(target, draft, tmp_path, draft_max=7, p_min=0.4)
     assert len({n for n, _ in rounds}) >= 4, rounds  # the cut varies from round to round
 
 
