@@ -206,3 +206,17 @@ def test_unbalanced_cmake_args_are_refused(tmp_path):
     proc = run_cli("build-llama", "--cpu", "--no-install",
                    env={"XDG_CACHE_HOME": str(tmp_path), "CMAKE_ARGS": "-DFOO='bar"})
     assert_one_line_error(proc, "CMAKE_ARGS", "quotes")
+
+
+def test_doctor_names_the_build_variant_from_the_backends():
+    from specgguf.runtime import doctor
+
+    def regs(*names):
+        return [{"name": n, "devices": []} for n in names]
+
+    assert doctor.build_variant(regs("CPU")) == "cpu"
+    assert doctor.build_variant(regs("Vulkan", "CPU")) == "vulkan"
+    assert doctor.build_variant(regs("CUDA", "RPC", "CPU")) == "cuda+rpc"
+    assert doctor.build_variant(regs("Metal", "BLAS", "CPU")) == "metal"
+    assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 3}) == (
+        "a probe model with --gpu-layers 99 put 5/5 layers on Vulkan0; 3 graph splits: some ops run on another backend")
