@@ -218,5 +218,8 @@ def test_doctor_names_the_build_variant_from_the_backends():
     assert doctor.build_variant(regs("Vulkan", "CPU")) == "vulkan"
     assert doctor.build_variant(regs("CUDA", "RPC", "CPU")) == "cuda+rpc"
     assert doctor.build_variant(regs("Metal", "BLAS", "CPU")) == "metal"
+    assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 2}).endswith(
+        "put 5/5 layers on Vulkan0; 2 graph splits (the token-embedding lookup stays on the CPU, as llama.cpp always "
+        "keeps it)")
     assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 3}) == (
         "a probe model with --gpu-layers 99 put 5/5 layers on Vulkan0; 3 graph splits: some ops run on another backend")

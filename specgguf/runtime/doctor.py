@@ -228,8 +228,10 @@ def offload_text(o) -> str:
     if "skipped" in o:
         return o["skipped"]
     splits = o["graph_splits"]
+    # llama.cpp keeps the token-embedding lookup on the CPU: 2 splits is every layer on the device
     note = ("" if splits is None or splits <= 1 else
-            f"; {splits} graph splits: some ops run on another backend")
+            "; 2 graph splits (the token-embedding lookup stays on the CPU, as llama.cpp always keeps it)"
+            if splits == 2 else f"; {splits} graph splits: some ops run on another backend")
     return (f"a probe model with --gpu-layers 99 put {o['offloaded']}/{o['layers']} layers on "
             f"{', '.join(o['buffers']) or 'no device buffer'}{note}")
 
