@@ -83,7 +83,7 @@ def test_every_layer_is_on_the_device_and_computes_the_cpu_logits(qwen3_target):
     rows = {}
     for layers in (0, ALL):
         with llama_log() as log:
-            llm = SpecGGUF(str(qwen3_target), n_ctx=N_CTX, n_gpu_layers=layers)
+            llm = SpecGGUF(str(qwen3_target), n_ctx=N_CTX, n_gpu_layers=layers, verbose=True)
         try:
             text = log.getvalue()
             if layers:
@@ -121,7 +121,7 @@ def test_speculative_equals_plain_on_the_device(qwen3_target, counting_target, q
     path = counting_target if kind == "dspark" else qwen3_target
     spec = _spec(kind, hidden_drafts, qwen3_draft)
     with llama_log() as log:
-        llm = SpecGGUF(str(path), draft=spec, draft_max=4, n_ctx=N_CTX, n_gpu_layers=ALL)
+        llm = SpecGGUF(str(path), draft=spec, draft_max=4, n_ctx=N_CTX, n_gpu_layers=ALL, verbose=True)
     try:
         loads = offloaded(log.getvalue())
         # the target, and for a model draft the draft too, went to the device whole
