@@ -20,7 +20,9 @@
 # CMake options follow llama-cpp-python's own build where they matter for numerics: Release,
 # shared libraries, GGML defaults (GGML_NATIVE on, OpenMP on), plus $CMAKE_ARGS, which is also
 # what `pip install llama-cpp-python` passes (e.g. -DGGML_CUDA=on for a CUDA build), plus
-# -mno-amx-* when the compiler is a GCC older than 13.2.1 (it miscompiles AMX).
+# -mno-amx-* when the compiler is a GCC older than 13.2.1 (it miscompiles AMX). A Vulkan build
+# (-DGGML_VULKAN=on in $CMAKE_ARGS) gets patches/vulkan-*.patch, as `specgguf build-llama --vulkan`
+# does (Vulkan headers older than 1.3.272, e.g. Debian 12's), on a copy of the sources.
 # The last line printed is the binary's path.
 #
 # Env: SPECGGUF_CPP_TOOLS_DIR, CMAKE_ARGS, PYTHON (interpreter whose pip downloads; default
@@ -62,7 +64,13 @@ EXTRA=(${CMAKE_ARGS:-})
 # ...plus what this machine's compiler needs: GCC < 13.2.1 miscompiles llama.cpp's AMX kernels,
 # so such a build leaves AMX out (specgguf/runtime/toolchain.py holds the rule; stdlib only)
 mapfile -t EXTRA < <("$PYTHON" "$(dirname "$0")/../specgguf/runtime/toolchain.py" ${EXTRA[@]+"${EXTRA[@]}"})
-STAMP_TEXT="llama-cpp-python==$VERSION ${TARGETS[*]} ${CMAKE_OPTS[*]} ${EXTRA[*]:-}"
+PATCHES=()
+if [[ " ${EXTRA[*]:-} " =~ \ -DGGML_VULKAN=(on|ON|1|true|TRUE)\  ]]; then
+    PATCHES=("$(dirname "$0")"/../patches/vulkan-*.patch)
+fi
+PATCH_SUMS=""
+[[ ${#PATCHES[@]} -gt 0 ]] && PATCH_SUMS=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
+STAMP_TEXT="llama-cpp-python==$VERSION ${TARGETS[*]} ${CMAKE_OPTS[*]} ${EXTRA[*]:-}${PATCH_SUMS:+ patches:$PATCH_SUMS}"
 
 if [[ -x $BIN && -f $DEST/stamp && "$(cat "$DEST/stamp")" == "$STAMP_TEXT" ]]; then
     echo "cached: $DEST" >&2
@@ -84,6 +92,17 @@ else
 fi
 [[ -f $SRC/examples/speculative-simple/speculative-simple.cpp ]] || {
     echo "error: no examples/speculative-simple in $SRC" >&2; exit 1; }
+if [[ ${#PATCHES[@]} -gt 0 ]]; then
+    [[ -f $SRC/ggml/src/ggml-vulkan/ggml-vulkan.cpp ]] || {
+        echo "error: $SRC has no ggml/src/ggml-vulkan (gathered without it? rerun scripts/gather_llama_sources.sh --vulkan)" >&2; exit 1; }
+    if [[ $SRC != "$WORK"/* ]]; then  # never patch a tree we were only pointed at
+        cp -a "$SRC" "$WORK/llama.cpp"
+        SRC=$WORK/llama.cpp
+    fi
+    for p in "${PATCHES[@]}"; do
+        patch -p1 --forward --quiet -d "$SRC" <"$p" || { echo "error: $(basename "$p") does not apply to $SRC" >&2; exit 1; }
+    done
+fi
 
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)

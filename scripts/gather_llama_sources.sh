@@ -6,7 +6,10 @@
 # package of that sdist, and the pure-Python packages specgguf imports that a bare python3
 # with numpy, jinja2 and click lacks (gguf, diskcache, typing_extensions).
 #
-#   scripts/gather_llama_sources.sh [--sdist FILE] [--out DIR]
+#   scripts/gather_llama_sources.sh [--sdist FILE] [--out DIR] [--vulkan]
+#
+# --vulkan keeps ggml-vulkan's sources (about 1 MB more), for scripts/gpu_check.sh --vulkan on a
+# machine without network.
 #
 # Env: PYTHON (the interpreter whose pip downloads and whose site-packages hold gguf;
 # default: .venv/bin/python if present, else python3).
@@ -16,13 +19,15 @@ VERSION=0.3.36
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$REPO/.gpu-carry
 SDIST=
+KEEP=
 if [[ -x $REPO/.venv/bin/python ]]; then PY=${PYTHON:-$REPO/.venv/bin/python}; else PY=${PYTHON:-python3}; fi
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --sdist) SDIST=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-        *) echo "error: unknown option $1 (use --sdist FILE, --out DIR)" >&2; exit 2 ;;
+        --vulkan) KEEP=vulkan; shift ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "error: unknown option $1 (use --sdist FILE, --out DIR, --vulkan)" >&2; exit 2 ;;
     esac
 done
 
@@ -45,6 +50,7 @@ mkdir -p "$STAGE/llama.cpp" "$STAGE/py"
     "$STAGE/llama.cpp/")
 # backends the check never turns on (their folders are read only when enabled), and the web UI
 for b in vulkan sycl opencl cann hexagon et openvino webgpu virtgpu zdnn zendnn musa; do
+    [[ $b == "$KEEP" ]] && continue
     rm -rf "$STAGE/llama.cpp/ggml/src/ggml-$b"
 done
 rm -rf "$STAGE/llama.cpp/tools/ui" "$STAGE/llama.cpp/tools/server/public"* "$STAGE/llama.cpp/examples/llama.android" \

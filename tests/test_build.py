@@ -6,6 +6,7 @@ The compile itself (minutes) runs in .ci/run: a fresh venv installs specgguf's w
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -57,10 +58,93 @@ def test_wheel_holds_what_a_pip_user_needs(wheel):
     assert not any(n.startswith(("tests/", "scripts/")) for n in names)
 
 
+def _shipped_from_this_checkout():
+    from importlib import resources
+    shipped = Path(str(resources.files("specgguf.patches")))
+    if shipped.resolve() != (ROOT / "patches").resolve():
+        pytest.skip(f"specgguf.patches is {shipped}, not this checkout's patches/ (an editable install of another "
+                    "checkout is first on the path)")
+
+
 def test_shipped_patches_are_the_repository_ones():
+    _shipped_from_this_checkout()
     shipped = building.patch_files()
-    assert [name for name, _ in shipped] == sorted(p.name for p in (ROOT / "patches").glob("*.patch"))
+    assert [name for name, _ in shipped] == sorted(p.name for p in (ROOT / "patches").glob("[0-9]*.patch"))
     assert all(body == (ROOT / "patches" / name).read_bytes() for name, body in shipped)
+    vulkan = building.patch_files("vulkan")
+    assert [name for name, _ in vulkan] == sorted(p.name for p in (ROOT / "patches").glob("vulkan-*.patch"))
+    assert vulkan and all(body == (ROOT / "patches" / name).read_bytes() for name, body in vulkan)
+    assert building.patch_files("cuda") == []
+
+
+def test_vulkan_plan_gets_its_flag_and_its_patch_only_there():
+    """--vulkan: -DGGML_VULKAN=on and the old-headers patch, in the cache key; no other backend
+    gets that patch, and --patched --vulkan applies the eagle3 set first."""
+    _shipped_from_this_checkout()
+    vk = building.Plan(patched=False, backend="vulkan")
+    assert "-DGGML_VULKAN=on" in vk.cmake_args and "-DGGML_CUDA=on" not in vk.cmake_args
+    assert [n for n, _ in vk.patches] == ["vulkan-0001-headers-before-layer-settings.patch"]
+    both = building.Plan(patched=True, backend="vulkan")
+    assert [n for n, _ in both.patches] == [n for n, _ in building.patch_files()] + [n for n, _ in vk.patches]
+    for backend in (None, "cpu", "cuda", "metal"):
+        assert not any(n.startswith("vulkan-") for n, _ in building.Plan(patched=True, backend=backend).patches)
+    keys = {vk.key, both.key, building.Plan(patched=False, backend="cpu").key,
+            building.Plan(patched=False, backend="vulkan", rpc=True).key}
+    assert len(keys) == 4
+    # the patch is part of the key: another patch body, another cache entry
+    other = building.Plan(patched=False, backend="vulkan", patches=[(vk.patches[0][0], vk.patches[0][1] + b"\n")])
+    assert other.key != vk.key
+    assert building.command(patched=False, backend="vulkan") == "specgguf build-llama --vulkan"
+
+
+def test_vulkan_patch_guards_only_the_layer_settings_block():
+    body = (ROOT / "patches" / "vulkan-0001-headers-before-layer-settings.patch").read_text()
+    added = [ln[1:].strip() for ln in body.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    removed = [ln for ln in body.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    assert not removed  # additive: with new headers the code is what it was
+    assert added[0] == "#if VK_HEADER_VERSION >= 272" and added[1] == "#else" and added[-1] == "#endif"
+    assert "+++ b/ggml/src/ggml-vulkan/ggml-vulkan.cpp" in body
+
+
+def _fake_vulkan(root: Path, skip: tuple = ()) -> Path:
+    files = {"headers": "include/vulkan/vulkan.hpp", "loader": "lib/x86_64-linux-gnu/libvulkan.so",
+             "glslc": "bin/glslc", "spirv": "share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake"}
+    for part, rel in files.items():
+        if part not in skip:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("")
+    return root
+
+
+def test_vulkan_missing_names_each_part_and_its_package(tmp_path):
+    none = lambda name: None  # noqa: E731  (no glslc on $PATH)
+    assert building.vulkan_missing([str(_fake_vulkan(tmp_path / "all"))], which=none) == []
+    assert [pkg for _, pkg in building.vulkan_missing([str(tmp_path / "empty")], which=none)] == [
+        "libvulkan-dev", "libvulkan-dev", "glslc", "spirv-headers"]
+    some = _fake_vulkan(tmp_path / "some", skip=("glslc", "spirv"))
+    assert building.vulkan_missing([str(some)], which=none) == [
+        ("the glslc shader compiler", "glslc"), ("SPIRV-Headers' CMake package", "spirv-headers")]
+    assert building.vulkan_missing([str(some)], which=lambda name: "/x/glslc")[0][1] == "spirv-headers"
+    # $VULKAN_SDK (the LunarG SDK's layout) and $CMAKE_PREFIX_PATH are searched as CMake does
+    sdk = _fake_vulkan(tmp_path / "sdk")
+    assert building.vulkan_missing(which=none, env={"VULKAN_SDK": str(sdk)}) == []
+    assert building.vulkan_missing(which=none, env={"CMAKE_PREFIX_PATH": f"/nonexistent:{sdk}"}) == []
+
+
+def test_vulkan_build_without_its_packages_is_one_line_before_any_download(tmp_path):
+    """Run as a user would, with /usr and /usr/local taken out of the search (they may hold the
+    packages): the refusal names what is missing and the apt command, and nothing is cached."""
+    code = ("from specgguf.runtime import building; building.VULKAN_PREFIXES = (); "
+            "from specgguf.cli import main; main()")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), CMAKE_ARGS="", PATH=str(tmp_path / "bin"),
+               CMAKE_PREFIX_PATH="", VULKAN_SDK="")
+    (tmp_path / "bin").mkdir()
+    proc = subprocess.run([sys.executable, "-c", code, "build-llama", "--vulkan", "--no-install"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert_one_line_error(proc, "the Vulkan build needs", "vulkan/vulkan.hpp", "glslc",
+                          "apt install libvulkan-dev glslc spirv-headers", "VULKAN_SDK")
+    assert "downloading" not in proc.stderr
+    assert not (tmp_path / "cache" / "specgguf" / "wheels").exists()
 
 
 def test_messages_name_the_command():
@@ -98,6 +182,7 @@ def test_cached_wheel_is_reused_without_a_compile(tmp_path):
 
 @pytest.mark.parametrize("args, needles", [
     (["--cuda", "--cpu"], ["--cuda and --cpu", "pick one backend"]),
+    (["--vulkan", "--cuda"], ["--cuda and --vulkan", "pick one backend"]),
     (["--patched", "--cpu", "--sdist", "missing.tar.gz"], ["sdist not found", "missing.tar.gz"]),
     (["--patched", "--cpu", "--sdist", "{notatar}"], ["cannot unpack"]),
     (["--patched", "--cpu", "--sdist", "{nollama}"], ["not a llama-cpp-python sdist"]),
@@ -121,3 +206,20 @@ def test_unbalanced_cmake_args_are_refused(tmp_path):
     proc = run_cli("build-llama", "--cpu", "--no-install",
                    env={"XDG_CACHE_HOME": str(tmp_path), "CMAKE_ARGS": "-DFOO='bar"})
     assert_one_line_error(proc, "CMAKE_ARGS", "quotes")
+
+
+def test_doctor_names_the_build_variant_from_the_backends():
+    from specgguf.runtime import doctor
+
+    def regs(*names):
+        return [{"name": n, "devices": []} for n in names]
+
+    assert doctor.build_variant(regs("CPU")) == "cpu"
+    assert doctor.build_variant(regs("Vulkan", "CPU")) == "vulkan"
+    assert doctor.build_variant(regs("CUDA", "RPC", "CPU")) == "cuda+rpc"
+    assert doctor.build_variant(regs("Metal", "BLAS", "CPU")) == "metal"
+    assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 2}).endswith(
+        "put 5/5 layers on Vulkan0; 2 graph splits (the token-embedding lookup stays on the CPU, as llama.cpp always "
+        "keeps it)")
+    assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 3}) == (
+        "a probe model with --gpu-layers 99 put 5/5 layers on Vulkan0; 3 graph splits: some ops run on another backend")

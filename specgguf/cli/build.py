@@ -14,22 +14,27 @@ from ..errors import UserError
               help="Apply specgguf's llama.cpp patches (needed only by DeepSpec Eagle3 drafts).")
 @click.option("--cuda", is_flag=True, help="Build for NVIDIA GPUs (CUDA toolkit needed).")
 @click.option("--metal", is_flag=True, help="Build for Apple Silicon GPUs.")
+@click.option("--vulkan", is_flag=True,
+              help="Build for AMD, Intel and other GPUs through Vulkan (needs the Vulkan headers, glslc and "
+                   "SPIRV-Headers: apt install libvulkan-dev glslc spirv-headers).")
 @click.option("--cpu", is_flag=True, help="Build for the CPU alone.")
 @click.option("--rpc", is_flag=True, help="Add llama.cpp's RPC backend (for --rpc HOST:PORT).")
 @click.option("--sdist", type=click.Path(dir_okay=False), default=None,
               help="A downloaded llama_cpp_python sdist (.tar.gz) instead of downloading it.")
 @click.option("--rebuild", is_flag=True, help="Compile again even if this build is cached.")
 @click.option("--no-install", is_flag=True, help="Build (or find) the wheel and print its path; install nothing.")
-def build_llama(patched, cuda, metal, cpu, rpc, sdist, rebuild, no_install):
+def build_llama(patched, cuda, metal, vulkan, cpu, rpc, sdist, rebuild, no_install):
     """Build llama-cpp-python for this machine and install it into this environment.
 
     One llama.cpp compile (minutes); the wheel is cached in ~/.cache/specgguf/wheels/, so the
     same build installs again in seconds. Without a backend flag llama.cpp picks its default
-    (Metal on Apple Silicon, else the CPU). $CMAKE_ARGS is passed on as well.
+    (Metal on Apple Silicon, else the CPU). $CMAKE_ARGS is passed on as well. A Vulkan build runs
+    on any GPU with a Vulkan driver (and on Mesa's lavapipe, a CPU device that llama.cpp uses only
+    when GGML_VK_VISIBLE_DEVICES names it).
     """
     from ..runtime import building
 
-    chosen = [name for name, on in (("cuda", cuda), ("metal", metal), ("cpu", cpu)) if on]
+    chosen = [name for name, on in (("cuda", cuda), ("metal", metal), ("vulkan", vulkan), ("cpu", cpu)) if on]
     if len(chosen) > 1:
         raise UserError(f"--{' and --'.join(chosen)} exclude each other: pick one backend")
     backend = chosen[0] if chosen else None

@@ -4,7 +4,10 @@ What the build can add to the stock wheel from PyPI:
 - `patched`: specgguf's llama.cpp patches (shipped in the package as `specgguf.patches`, the
   repository's `patches/`; docs/ explains them), needed only by DeepSpec Eagle3 drafts
   (5 target layers, per-head q/k norms);
-- a backend: CUDA, Metal, or the CPU alone;
+- a backend: CUDA, Metal, Vulkan (AMD, Intel and other GPUs; also Mesa's lavapipe on a CPU), or
+  the CPU alone. A Vulkan build also gets `patches/vulkan-*.patch` (it compiles with Vulkan
+  headers older than the vendored ggml-vulkan expects, e.g. Debian 12's) and first checks that
+  the headers, glslc and SPIRV-Headers are there (`vulkan_missing`);
 - `rpc`: llama.cpp's RPC backend (GGML_RPC), for `--rpc HOST:PORT` (target layers on
   `ggml-rpc-server` processes on other machines).
 
@@ -37,7 +40,10 @@ from . import toolchain
 from .paths import cache_dir
 
 VERSION = "0.3.36"  # the llama-cpp-python that specgguf pins (pyproject.toml)
-BACKENDS = ("cpu", "cuda", "metal")
+BACKENDS = ("cpu", "cuda", "metal", "vulkan")
+# where a Vulkan build's headers, loader library and SPIRV-Headers are looked for, besides
+# $VULKAN_SDK and $CMAKE_PREFIX_PATH (CMake's FindVulkan and find_package search the same places)
+VULKAN_PREFIXES = ("/usr", "/usr/local", "/opt/homebrew")
 
 
 class BuildError(UserError):
@@ -51,18 +57,68 @@ def command(patched: bool = True, backend: str | None = None, rpc: bool = False)
         parts.append("--patched")
     if rpc:
         parts.append("--rpc")
-    parts.append(f"--{backend}" if backend else "[--cuda|--metal|--cpu]")
+    parts.append(f"--{backend}" if backend else "[--cuda|--metal|--vulkan|--cpu]")
     return " ".join(parts)
 
 
-def patch_files() -> list[tuple[str, bytes]]:
-    """(name, contents) of every llama.cpp patch shipped in the package, in apply order."""
+def patch_files(backend: str | None = None) -> list[tuple[str, bytes]]:
+    """(name, contents) of llama.cpp patches shipped in the package, in apply order: without a
+    backend the `--patched` set (NNNN-*.patch); with one, the patches every build for that
+    backend gets (<backend>-NNNN-*.patch; [] for a backend that needs none)."""
     root = resources.files("specgguf.patches")
-    found = sorted((p.name, p.read_bytes()) for p in root.iterdir() if p.name.endswith(".patch"))
-    if not found:
-        raise BuildError("this specgguf install ships no llama.cpp patches (specgguf/patches/*.patch); "
-                         "reinstall specgguf")
-    return found
+    names = sorted(p.name for p in root.iterdir() if p.name.endswith(".patch"))
+    if backend is None:
+        picked = [n for n in names if n[:1].isdigit()]
+        if not picked:
+            raise BuildError("this specgguf install ships no llama.cpp patches (specgguf/patches/*.patch); "
+                             "reinstall specgguf")
+    else:
+        picked = [n for n in names if n.startswith(f"{backend}-")]
+    return [(n, root.joinpath(n).read_bytes()) for n in picked]
+
+
+# what a Vulkan build needs besides a C/C++ compiler and CMake: (what, where it is looked for,
+# the Debian/Ubuntu package that has it)
+_VULKAN_PARTS = (
+    ("the Vulkan headers (vulkan/vulkan.hpp)", ("include/vulkan/vulkan.hpp",), "libvulkan-dev"),
+    ("the Vulkan loader library (libvulkan.so)",
+     ("lib/libvulkan.so", "lib64/libvulkan.so", "lib/*/libvulkan.so", "lib/libvulkan.dylib"), "libvulkan-dev"),
+    ("the glslc shader compiler", ("bin/glslc",), "glslc"),
+    ("SPIRV-Headers' CMake package",
+     ("share/cmake/SPIRV-Headers*/SPIRV-HeadersConfig.cmake", "lib*/cmake/SPIRV-Headers*/SPIRV-HeadersConfig.cmake",
+      "lib/*/cmake/SPIRV-Headers*/SPIRV-HeadersConfig.cmake", "share/SPIRV-Headers*/cmake/SPIRV-HeadersConfig.cmake"),
+     "spirv-headers"),
+)
+
+
+def vulkan_missing(prefixes: list[str] | None = None, which: Callable[[str], str | None] = shutil.which,
+                   env: dict | None = None) -> list[tuple[str, str]]:
+    """(what, Debian package) for each part of a Vulkan build that this machine lacks; [] when
+    all are found. Searched: $VULKAN_SDK, $CMAKE_PREFIX_PATH, VULKAN_PREFIXES (`prefixes`
+    replaces all three), and $PATH for glslc."""
+    env = os.environ if env is None else env
+    if prefixes is None:
+        prefixes = [p for p in [env.get("VULKAN_SDK", ""), *env.get("CMAKE_PREFIX_PATH", "").split(os.pathsep),
+                                *VULKAN_PREFIXES] if p]
+    missing = []
+    for what, patterns, package in _VULKAN_PARTS:
+        if what.startswith("the glslc") and which("glslc"):
+            continue
+        if not any(next(Path(p).glob(pat), None) for p in prefixes for pat in patterns):
+            missing.append((what, package))
+    return missing
+
+
+def vulkan_check(missing: list[tuple[str, str]] | None = None) -> None:
+    """Refuse a Vulkan build that would fail in CMake minutes later: one line, what is missing
+    and how to install it."""
+    missing = vulkan_missing() if missing is None else missing
+    if not missing:
+        return
+    packages = " ".join(dict.fromkeys(pkg for _, pkg in missing))
+    raise BuildError(f"the Vulkan build needs {', '.join(what for what, _ in missing)}, not found on this machine: "
+                     f"install them (Debian/Ubuntu: apt install {packages}; elsewhere the LunarG Vulkan SDK, "
+                     "with VULKAN_SDK set) and run the command again")
 
 
 @dataclass
@@ -82,6 +138,9 @@ class Plan:
             raise UserError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}", param="backend")
         if self.patched and not self.patches:
             self.patches = patch_files()
+        if self.backend is not None:  # what every build for this backend gets (vulkan: old headers)
+            have = {name for name, _ in self.patches}
+            self.patches = self.patches + [p for p in patch_files(self.backend) if p[0] not in have]
         try:
             shlex.split(self.extra_cmake_args)
         except ValueError as exc:
@@ -92,7 +151,7 @@ class Plan:
 
     @property
     def cmake_args(self) -> list[str]:
-        args = {"cuda": ["-DGGML_CUDA=on"], "metal": ["-DGGML_METAL=on"],
+        args = {"cuda": ["-DGGML_CUDA=on"], "metal": ["-DGGML_METAL=on"], "vulkan": ["-DGGML_VULKAN=on"],
                 "cpu": ["-DGGML_METAL=off"] if sys.platform == "darwin" else [], None: []}[self.backend]
         if self.rpc:
             args.append("-DGGML_RPC=on")
@@ -124,6 +183,8 @@ def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None 
     if wheel is not None:
         log(f"using the cached wheel {wheel}")
         return wheel
+    if plan.backend == "vulkan":
+        vulkan_check()
     if plan.patches and shutil.which("patch") is None:
         raise BuildError("applying the llama.cpp patches needs the `patch` tool; install it (apt install patch)")
     with tempfile.TemporaryDirectory(prefix="specgguf-build-") as tmp:

@@ -89,6 +89,73 @@ def _measured_widths() -> dict:
     return out
 
 
+def backends() -> list[dict]:
+    """llama.cpp's registered backends (ggml_backend_reg_*) in order: name and device names.
+    A backend compiled in but with no usable device (Vulkan with no driver, or only a CPU-type
+    Vulkan device not named in GGML_VK_VISIBLE_DEVICES) is listed with no devices."""
+    import ctypes
+
+    from .native import system
+
+    g = system._ggml
+    count = g("ggml_backend_reg_count", [], ctypes.c_size_t)
+    get = g("ggml_backend_reg_get", [ctypes.c_size_t], ctypes.c_void_p)
+    name = g("ggml_backend_reg_name", [ctypes.c_void_p], ctypes.c_char_p)
+    n_dev = g("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
+    dev = g("ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p)
+    dev_name = g("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p)
+    out = []
+    for i in range(count()):
+        reg = get(i)
+        out.append({"name": (name(reg) or b"").decode("utf-8", "replace"),
+                    "devices": [(dev_name(dev(reg, j)) or b"").decode("utf-8", "replace") for j in range(n_dev(reg))]})
+    return out
+
+
+GPU_BACKENDS = ("CUDA", "Vulkan", "Metal", "ROCm", "HIP", "SYCL", "MUSA", "CANN", "OpenCL")
+
+
+def build_variant(regs: list[dict]) -> str:
+    """What `specgguf build-llama` option built this library, from its backends: cuda, vulkan,
+    metal, ... or cpu; `+rpc` with the RPC backend."""
+    names = [r["name"] for r in regs]
+    gpu = [n for n in names if n in GPU_BACKENDS]
+    variant = "+".join(n.lower() for n in gpu) or "cpu"
+    return variant + ("+rpc" if "RPC" in names else "")
+
+
+_PROBE = r"""
+import pathlib, tempfile
+from specgguf.runtime import native
+from specgguf.synthetic.qwen3 import QwenShape, write_qwen3
+path = write_qwen3(pathlib.Path(tempfile.mkdtemp(prefix="specgguf-doctor-")) / "probe.gguf", QwenShape(), seed=0)
+native.set_verbose(True)
+from specgguf.runtime.target import Target
+with Target(str(path), n_ctx=64, n_gpu_layers=99) as t:
+    t.batch.clear().add_tokens(t.tokenize("hello world"), 0, "last")
+    t.ctx.decode(t.batch)
+"""
+
+
+def offload_probe(timeout: float = 120) -> dict:
+    """Load a tiny synthetic qwen3 GGUF with every layer offloaded (--gpu-layers 99), in a
+    subprocess (a driver that crashes ends only that), and read llama.cpp's own account: layers
+    offloaded, the buffers they went to, graph splits (more than 1: some ops ran elsewhere)."""
+    import re
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
+    log = proc.stderr
+    if proc.returncode != 0:
+        last = (log.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the probe model did not load and decode with --gpu-layers 99 (exit {proc.returncode}: {last})"}
+    m = re.search(r"offloaded (\d+)/(\d+) layers to GPU", log)
+    buffers = sorted({b for b in re.findall(r"(\S+) model buffer size", log) if b != "CPU_Mapped"})
+    splits = re.findall(r"graph: nodes = \d+, splits = (\d+)", log)
+    return {"offloaded": int(m.group(1)) if m else 0, "layers": int(m.group(2)) if m else None,
+            "buffers": buffers, "graph_splits": int(splits[-1]) if splits else None}
+
+
 def report() -> dict:
     """Every entry of the report, as JSON-ready values."""
     from . import amx, native, patchprobe, toolchain
@@ -103,6 +170,7 @@ def report() -> dict:
         "library": native.library_path(),
         "system_info": _safe(native.system_info),
         "devices": _safe(native.devices),
+        "backends": _safe(backends),
         "rpc_backend": _safe(native.supports_rpc),
         "compiler": _safe(toolchain.describe),
         "amx": _safe(lambda: native.amx_verdict().to_dict()),
@@ -116,6 +184,10 @@ def report() -> dict:
         "flash_attention": "off by default, as in llama_cpp.Llama (--flash-attn on|auto, flash_attn=True|None)",
         "batch_invariance": _safe(lambda: batch_invariance(native.system_info())),
     }
+    regs = out["backends"] if isinstance(out["backends"], list) else []
+    out["build_variant"] = build_variant(regs) if regs else out["backends"]
+    gpus = [d for d in out["devices"] if d.get("kind") in ("gpu", "igpu")] if isinstance(out["devices"], list) else []
+    out["offload"] = _safe(offload_probe) if gpus else {"skipped": "no GPU device: nothing to offload to"}
     out["verdict"] = verdict(out)
     return out
 
@@ -127,17 +199,41 @@ def verdict(r: dict) -> str:
     amx_state = r.get("amx") if isinstance(r.get("amx"), dict) else {}
     devices = r.get("devices") if isinstance(r.get("devices"), list) else []
     gpus = [d for d in devices if d.get("kind") in ("gpu", "igpu")]
+    regs = r.get("backends") if isinstance(r.get("backends"), list) else []
+    offload = r.get("offload") if isinstance(r.get("offload"), dict) else {}
     if "error" in amx_state:
         return f"problem: the AMX check failed ({amx_state['error']}); run with SPECGGUF_AMX=off to be safe"
     if amx_state.get("state") == "crashes":
         return ("works with a fallback: this llama.cpp build crashes in its AMX kernels on this CPU, so models "
                 f"load without AMX and CPU repack buffers; for a build that needs none: {command(False, 'cpu')}")
+    if any(b["name"] == "Vulkan" and not b["devices"] for b in regs):
+        return ("problem: this build has the Vulkan backend but it finds no device: install the GPU's Vulkan "
+                "driver (Mesa: apt install mesa-vulkan-drivers), or, on a machine without a GPU, set "
+                "GGML_VK_VISIBLE_DEVICES=0 to use Mesa's lavapipe (a CPU device: for testing, slower than the CPU)")
+    if gpus and "error" in offload:
+        return f"problem: {offload['error']}; run with --verbose to see llama.cpp's log"
     if not gpus and shutil.which("nvidia-smi"):
         return f"problem: an NVIDIA GPU is here but this build has no CUDA backend; {command(False, 'cuda')}"
     if not gpus and sys.platform == "darwin" and platform.machine() == "arm64":
         return f"problem: Apple Silicon without the Metal backend; {command(False, 'metal')}"
     where = ", ".join(d["description"] or d["name"] for d in gpus) if gpus else "the CPU"
+    if any("llvmpipe" in (d.get("description") or "") for d in gpus):
+        where += " (Mesa's lavapipe: a CPU device through Vulkan, right for testing offload, slower than the CPU backend)"
     return f"ok: llama.cpp runs on {where}"
+
+
+def offload_text(o) -> str:
+    if not isinstance(o, dict) or "error" in o:
+        return f"(could not tell: {o['error']})" if isinstance(o, dict) else str(o)
+    if "skipped" in o:
+        return o["skipped"]
+    splits = o["graph_splits"]
+    # llama.cpp keeps the token-embedding lookup on the CPU: 2 splits is every layer on the device
+    note = ("" if splits is None or splits <= 1 else
+            "; 2 graph splits (the token-embedding lookup stays on the CPU, as llama.cpp always keeps it)"
+            if splits == 2 else f"; {splits} graph splits: some ops run on another backend")
+    return (f"a probe model with --gpu-layers 99 put {o['offloaded']}/{o['layers']} layers on "
+            f"{', '.join(o['buffers']) or 'no device buffer'}{note}")
 
 
 def lines(r: dict) -> list[str]:
@@ -153,6 +249,9 @@ def lines(r: dict) -> list[str]:
     devices = r["devices"]
     dev_text = ("; ".join(f"{d['name']}: {d['description']} ({d['kind']}, {d['memory_mib']} MiB)" for d in devices)
                 if isinstance(devices, list) else show(devices))
+    regs = r["backends"]
+    backend_text = (", ".join(f"{b['name']} ({', '.join(b['devices']) or 'no device'})" for b in regs)
+                    if isinstance(regs, list) else show(regs))
     patches = r["eagle3_patches"]
     patch_text = (f"qwen3 {'yes' if patches['qwen3'] else 'no'}, gemma4 {'yes' if patches['gemma4'] else 'no'}"
                   + ("" if patches["qwen3"] else " (DeepSpec Eagle3 drafts need specgguf build-llama --patched)")
@@ -172,7 +271,8 @@ def lines(r: dict) -> list[str]:
     rows = [
         ("specgguf", r["specgguf"]), ("python", r["python"]), ("platform", r["platform"]), ("cpu", r["cpu"]),
         ("llama-cpp-python", f"{r['llama_cpp_python']} ({r['library']})"),
-        ("llama.cpp build", " ".join(show(r["system_info"]).split())), ("devices", dev_text),
+        ("llama.cpp build", " ".join(show(r["system_info"]).split())), ("build variant", show(r["build_variant"])),
+        ("backends", backend_text), ("devices", dev_text), ("offload", offload_text(r["offload"])),
         ("rpc backend", show(r["rpc_backend"])), ("compiler", show(r["compiler"])), ("amx", amx_text),
         ("eagle3 patches", patch_text), ("cache", r["cache"]), ("profiles", r["profiles"]),
         ("hugging face cache", r["huggingface_cache"]), ("embedded models", model_text),
