@@ -239,3 +239,38 @@ def test_batch_invariant_mode_on_quantised_hybrids(arch, request):
     with SpecGGUF(target, draft="ngram", n_ctx=N_CTX, batch_invariant=True) as spec:
         got = spec.generate(PROMPT, max_tokens=40)
     assert got.tokens == want and got.stats.verify_width > 1 and got.stats.drafted > 0
+
+
+def write_llada(path):
+    """A tiny LLaDA GGUF (llama.cpp's `llada`: a llama-shaped diffusion LM whose context keeps
+    no memory at all): the synthetic qwen3 weights without the per-head q/k norms."""
+    import gguf
+
+    from specgguf.synthetic.qwen3 import QwenShape, add_tokenizer, finish_gguf, qwen3_weights
+
+    shape = QwenShape()
+    w = gguf.GGUFWriter(str(path), "llada")
+    for add, value in ((w.add_context_length, shape.n_ctx_train), (w.add_embedding_length, shape.n_embd),
+                       (w.add_block_count, shape.n_layer), (w.add_feed_forward_length, shape.n_ff),
+                       (w.add_head_count, shape.n_head), (w.add_head_count_kv, shape.n_head_kv),
+                       (w.add_layer_norm_rms_eps, 1e-6), (w.add_file_type, 0)):
+        add(value)
+    n_vocab = add_tokenizer(w, shape.n_merges)
+    weights = {k: v for k, v in qwen3_weights(shape, n_vocab, 0).items() if not k.endswith(("attn_q_norm.weight", "attn_k_norm.weight"))}
+    return finish_gguf(w, weights, path)
+
+
+def test_a_memoryless_target_is_refused_with_a_draft(tmp_path, qwen3_draft):
+    """A context with no memory (no KV cells, no recurrent state: LLaDA, Dream, the BERTs) cannot
+    take back a rejected draft; llama.cpp's loops refuse it (COMMON_CONTEXT_SEQ_RM_TYPE_NO), and
+    so does specgguf, with one line, for every kind of draft."""
+    from conftest import run_cli
+    from specgguf.runtime import native
+    from test_cli import assert_one_line_error
+
+    path = write_llada(tmp_path / "llada.gguf")
+    with native.Model(path) as m, native.Context(m, n_ctx=64) as c:
+        assert c.rollback == "none"
+    for draft in ("ngram", "suffix", str(qwen3_draft)):
+        assert_one_line_error(run_cli("generate", str(path), "-p", "hi", "-n", "4", "--draft", draft),
+                              "keeps no cache", "without --draft")
