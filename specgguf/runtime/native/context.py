@@ -164,11 +164,19 @@ class Context(_Owned):
         self.cold = batch.n_outputs > self.widest_outputs
         if self.cold:
             self.widest_outputs = batch.n_outputs
-        if self.runner is None:
-            rc = C.llama_process(self.ptr, kind, batch.ptr)
-        else:
-            ptr, batch_ptr = self.ptr, batch.ptr
-            rc = self.runner(lambda: C.llama_process(ptr, kind, batch_ptr))
+        ptr, batch_ptr = self.ptr, batch.ptr
+
+        def process() -> int:
+            # wait for the pass here, on the thread that ran it: a device backend computes
+            # asynchronously, and the wait submits to its queue; left to the first logits read,
+            # it would run on whichever thread reads, beside another context's pass on the same
+            # device (Vulkan queues are not thread-safe: two slots hung on lavapipe). On the
+            # CPU the pass is done already and this costs nothing
+            rc = C.llama_process(ptr, kind, batch_ptr)
+            C.llama_synchronize(ptr)
+            return rc
+
+        rc = process() if self.runner is None else self.runner(process)
         if rc != 0:
             raise LlamaError(_PROCESS_ERRORS.get(rc, f"llama_process failed with code {rc}"))
         if self._one_seq and self.rollback == "snapshots":
