@@ -9,7 +9,13 @@ log says every layer went to the device; its logits match the CPU backend's; and
 speculative output equals plain greedy output ON THE SAME DEVICE for every draft kind (ngram,
 suffix, a model draft, eagle3, dflash, dspark), across the prompt cache, saved and loaded
 states, two parallel slots, logprobs and a grammar. Offloading moves the verify batches and
-the one-token decodes onto the same device kernels, so the comparison is like for like.
+the one-token decodes onto the same device kernels, so the comparison is like for like, up
+to one thing: a device's matrix kernels for a batch and for one row round differently (on
+lavapipe the F32 logits of a prompt prefilled and the same prompt decoded token by token differ
+in the fourth decimal). Where the target's two best tokens are that close, the cells a verify
+batch wrote may tip them the other way, as they would in any batched server; so an answer
+equals plain's, or parts from it first at a near-tie of the target (under DEVICE_TIE_NATS)
+and took one of its two best tokens there (tests/ties.py).
 """
 
 from __future__ import annotations
@@ -24,15 +30,27 @@ import threading
 import numpy as np
 import pytest
 
+import ties
 from conftest import run_cli
 from specgguf.api import SpecGGUF
 from specgguf.runtime import doctor
 
 ALL = 99  # --gpu-layers: every layer
 N_CTX = 512
-N = 40
+N = 24
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return a + b\n",
            "one two three four one two three four one two three"]
+# the widest top-two gap (nats) at which a device's batch-vs-row rounding may pick the other
+# token of an F32 target; measured on lavapipe: a 0.0004-nat tie flipped, nothing wider
+DEVICE_TIE_NATS = 0.01
+
+
+def assert_plain_or_tie(target, prompt: str, got: list[int], want: list[int]) -> None:
+    """`got` is `want` (plain greedy on the device), or parts from it at a near-tie there."""
+    if got == want:
+        return
+    with SpecGGUF(str(target), n_ctx=N_CTX, n_gpu_layers=ALL) as plain:
+        ties.assert_same_or_near_tie(plain, plain.tokenize(prompt), got, want, nats=DEVICE_TIE_NATS)
 
 
 def _device_or_reason() -> str | None:
@@ -131,7 +149,7 @@ def test_speculative_equals_plain_on_the_device(qwen3_target, counting_target, q
         drafted = 0
         for p in PROMPTS:
             got = llm.generate(p, max_tokens=N)
-            assert got.tokens == plain_dev[(str(path), p)], f"{kind} changed the output for {p!r} on the device"
+            assert_plain_or_tie(path, p, got.tokens, plain_dev[(str(path), p)])
             drafted += got.stats.drafted
             assert got.stats.accepted <= got.stats.drafted
         assert drafted > 0 or kind in ("ngram", "suffix"), f"{kind} never drafted"
@@ -141,27 +159,34 @@ def test_speculative_equals_plain_on_the_device(qwen3_target, counting_target, q
         llm.close()
 
 
-@pytest.mark.parametrize("kind", ["ngram", "eagle3"])
-def test_prompt_cache_and_saved_states_on_the_device(qwen3_target, qwen3_draft, hidden_drafts, plain_dev, kind):
+@pytest.mark.parametrize("kind", ["ngram", pytest.param("eagle3", marks=pytest.mark.slow)])  # eagle3: 150 s
+def test_prompt_cache_and_saved_states_on_the_device(qwen3_target, qwen3_draft, hidden_drafts, kind):
     """Prompts that alternate, with a prompt cache beyond the live context, and a state saved,
-    overwritten and loaded back: every answer is the fresh plain one, and the cache was used."""
+    overwritten and loaded back: every answer is the fresh plain one, and the cache was used.
+    The prompts are longer than the prompt cache's shortest reuse (MIN_REUSE tokens)."""
+    from specgguf.decoding.promptcache import MIN_REUSE
+
     spec = _spec(kind, hidden_drafts, qwen3_draft)
-    a, b = PROMPTS[0], PROMPTS[2]
-    want = {p: plain_dev[(str(qwen3_target), p)] for p in (a, b)}
+    a, b = PROMPTS[0] + " jumps over the lazy dog. " * 4, PROMPTS[2] * 3
+    with SpecGGUF(str(qwen3_target), n_ctx=N_CTX, n_gpu_layers=ALL) as plain:
+        assert min(len(plain.tokenize(a)), len(plain.tokenize(b))) > MIN_REUSE
+        want = {p: plain.generate(p, max_tokens=N).tokens for p in (a, b)}
     with SpecGGUF(str(qwen3_target), draft=spec, draft_max=4, n_ctx=N_CTX, n_gpu_layers=ALL,
                   prompt_cache_bytes=64 << 20) as llm:
         cached = 0
         for p in (a, b, a, b):
             got = llm.generate(p, max_tokens=N)
-            assert got.tokens == want[p], f"{kind}: the prompt cache changed the output for {p!r}"
+            assert_plain_or_tie(qwen3_target, p, got.tokens, want[p])
             cached += got.stats.cached_tokens
         assert cached > 0, "the prompt cache never served a prefix"
-        llm.generate(a, max_tokens=N)
+        first = llm.generate(a, max_tokens=N).tokens
         state = llm.save_state()
         llm.generate(b, max_tokens=N)
         llm.load_state(state)
         got = llm.generate(a, max_tokens=N)
-        assert got.tokens == want[a] and got.stats.cached_tokens > 0
+        assert got.stats.cached_tokens > 0
+        assert_plain_or_tie(qwen3_target, a, got.tokens, want[a])
+        assert got.tokens == first  # the loaded state is the saved one: the same cells, the same answer
 
 
 def test_two_parallel_slots_on_the_device(qwen3_target, qwen3_draft, plain_dev):
@@ -185,7 +210,8 @@ def test_two_parallel_slots_on_the_device(qwen3_target, qwen3_draft, plain_dev):
             for t in threads:
                 t.join(300)
             assert not errors, errors
-            assert [r.tokens for r in out] == [plain_dev[(str(qwen3_target), p)] for p in PROMPTS[:2]]
+            for r, p in zip(out, PROMPTS[:2]):
+                assert_plain_or_tie(qwen3_target, p, r.tokens, plain_dev[(str(qwen3_target), p)])
             assert llm._pool.shared.passes < sum(r.stats.rounds for r in out)
 
 
@@ -198,14 +224,67 @@ def test_logprobs_and_grammar_on_the_device(qwen3_target, qwen3_draft):
         got = spec.create_completion(PROMPTS[0], max_tokens=24, logprobs=3)
         assert got["specgguf"]["drafted"] > 0
         a, b = got["choices"][0]["logprobs"], ref["choices"][0]["logprobs"]
-        assert a["tokens"] == b["tokens"]
-        assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-3, rel=1e-4)
+        assert_plain_or_tie(qwen3_target, PROMPTS[0], spec.generate(PROMPTS[0], max_tokens=24).tokens,
+                            plain.generate(PROMPTS[0], max_tokens=24).tokens)
+        j = next((k for k, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(b["tokens"]))
+        assert j > 0 and a["tokens"][:j] == b["tokens"][:j]
+        assert a["token_logprobs"][:j] == pytest.approx(b["token_logprobs"][:j], abs=1e-3, rel=1e-4)
         gbnf = 'root ::= "yes" | "no" | ("maybe " [a-z]+)'
         want = plain.generate(PROMPTS[1], max_tokens=12, grammar=gbnf)
         have = spec.generate(PROMPTS[1], max_tokens=12, grammar=gbnf)
         assert have.tokens == want.tokens
         assert re.fullmatch(r"yes|no|maybe [a-z]+", have.text) or (have.finish_reason == "length"
                                                                    and re.fullmatch(r"maybe [a-z]*", have.text))
+
+
+@pytest.mark.slow  # 90 s on lavapipe: a second target arch on the device
+def test_gemma4_assistant_mtp_on_the_device(tmp_path):
+    """Gemma 4's own MTP assistant (kind mtp: it reads the target's KV cache, here device
+    memory) drafts on the device, is accepted, and leaves plain's answer."""
+    from specgguf.synthetic.gemma4 import Gemma4Shape, write_gemma4, write_gemma4_assistant
+
+    target = write_gemma4(tmp_path / "g4-counting.gguf", Gemma4Shape(), seed=0, counting=True)
+    assistant = write_gemma4_assistant(tmp_path / "assistant.gguf", Gemma4Shape(), counting_target_seed=0)
+    p = "The quick brown fox"
+    with SpecGGUF(str(target), n_ctx=N_CTX, n_gpu_layers=ALL) as plain:
+        want = plain.generate(p, max_tokens=N).tokens
+    with SpecGGUF(str(target), draft=str(assistant), draft_max=4, n_ctx=N_CTX, n_gpu_layers=ALL) as llm:
+        assert llm.drafter.kind == "mtp"
+        got = llm.generate(p, max_tokens=N)
+    assert_plain_or_tie(target, p, got.tokens, want)
+    assert got.stats.accepted > 0
+
+
+def _vulkan_tools_or_skip():
+    """The C++ loop for the per-round comparison: llama-speculative-simple built with Vulkan
+    (scripts/build_llama_cpp_tools.sh with CMAKE_ARGS=-DGGML_VULKAN=on, pointed to by
+    SPECGGUF_CPP_TOOLS_DIR, as scripts/gpu_check.sh --vulkan builds it)."""
+    import cpp_baseline
+
+    cpp_baseline.require_tool()
+    if not (cpp_baseline.lib_dir() / "libggml-vulkan.so").exists():
+        pytest.skip(f"the C++ tools in {cpp_baseline.tools_dir()} have no Vulkan backend: build them with "
+                    "CMAKE_ARGS=-DGGML_VULKAN=on and point SPECGGUF_CPP_TOOLS_DIR there")
+
+
+@pytest.mark.slow  # 80 s on lavapipe; the default tier's lossless tests keep the device's drafts honest
+def test_cpp_loop_agrees_per_round_on_the_device(request, tmp_path):
+    """llama-speculative-simple on the same Vulkan libllama, every layer (the draft's too) on
+    the device: the same drafted and accepted counts per round and the same tokens, for a
+    model draft. Its eagle3, dflash and dspark drafts crash on lavapipe with both models
+    offloaded (Mesa 22.3: SIGSEGV in lavapipe's queue thread; dspark first fails
+    GGML_ASSERT(allow_misalign || misalign_bytes == 0) in ggml-vulkan.cpp) and run with -ngl 0,
+    so those kinds are compared with plain output on the device only (docs/machines.md)."""
+    case_id = "model-qwen3-synthetic"
+    import dataclasses
+
+    import test_parity as TP
+
+    _vulkan_tools_or_skip()
+    case = next(c for c in TP.CASES if c.id == case_id)
+    case = dataclasses.replace(case, our_args=(*case.our_args, "--gpu-layers", str(ALL)),
+                               cpp_args=(*case.cpp_args, "-ngl", str(ALL), "-ngld", str(ALL)))
+    TP.test_rounds_and_tokens_match_llama_cpp(case, request, tmp_path)
 
 
 def test_cli_offloads_every_layer(qwen3_target):
