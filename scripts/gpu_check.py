@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -294,14 +295,19 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
         try:
             extra = gpu + (["--spec-ngram-simple-size-n", str(NGRAM_N), "--spec-ngram-simple-size-m", str(n)]
                            if kind == "ngram" else [])
-            best_cpp = best_ours = None
+            best_cpp = best_ours = cpp_error = None
             traces = []
             for _ in range(args.repeat):
-                if cpp_type is not None:
-                    cpp = cpp_baseline.run_speculative_simple(
-                        tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
-                        threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work,
-                        extra_args=extra)
+                if cpp_type is not None and cpp_error is None:
+                    try:
+                        cpp = cpp_baseline.run_speculative_simple(
+                            tpath, cpp_draft, PROMPT, n_predict=args.tokens, n_ctx=args.ctx, draft_max=n,
+                            threads=args.threads, spec_type=cpp_type, verbose=False, workdir=work,
+                            extra_args=extra)
+                    except RuntimeError as exc:  # the C++ loop aborted on this backend: a row note, not the end
+                        cpp_error = _cpp_failure(str(exc))
+                        print(f"  {kind} n={n}: C++ failed: {cpp_error}", file=sys.stderr, flush=True)
+                        continue
                     if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
                         best_cpp = cpp
                 ours = run_ours(target, drafter, n, tokens, args.tokens)
@@ -321,6 +327,8 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
                    "ours_rounds": best_ours["rounds"],
                    "cpp_rounds": best_cpp.n_predict - best_cpp.n_accept if best_cpp is not None else None,
                    "python_us_per_round": best_ours["python_us_per_round"]}
+            if cpp_error is not None:
+                row["cpp_error"] = cpp_error
             if traces:
                 row["trace"] = best_trace(traces)
             rows.append(row)
@@ -329,6 +337,14 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
         finally:
             drafter.close()
     return rows
+
+
+def _cpp_failure(message: str) -> str:
+    """The line that says why llama-speculative-simple stopped: a GGML_ASSERT, else its exit code."""
+    assertion = re.search(r"GGML_ASSERT\([^\n]*?\) failed", message)
+    code = re.search(r"exited with (-?\d+)", message)
+    signal = {"-11": " (SIGSEGV)", "-6": " (SIGABRT)"}.get(code.group(1), "") if code else ""
+    return (assertion.group(0) + "; " if assertion else "") + (f"exit code {code.group(1)}{signal}" if code else message[:200])
 
 
 def backend_sampling(tpath: Path, args, work: Path) -> dict:
@@ -531,12 +547,16 @@ def _print(r: dict) -> None:
     print("-" * len(header))
     for row in r["rows"]:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
-        cpp = f"{row['cpp_tokens_per_second']:10.1f}" if row["cpp_tokens_per_second"] else f"{'-':>10}"
+        cpp = (f"{row['cpp_tokens_per_second']:10.1f}" if row["cpp_tokens_per_second"]
+               else f"{'failed':>10}" if row.get("cpp_error") else f"{'-':>10}")
         cpp_acc = f"{100 * row['cpp_accept']:3.0f}%" if row["cpp_tokens_per_second"] else "   -"
         cpp_dr = f"{row['cpp_drafted']}" if row.get("cpp_drafted") is not None else "-"
         print(f"{row['kind']:7} {row['draft_max']:>2} {row['ours_tokens_per_second']:10.1f} {cpp} {ratio:>6} "
               f"{100 * row['ours_accept']:7.0f}%/{cpp_acc}    {row['ours_drafted']:>8}/{cpp_dr:<8} "
               f"{row['python_us_per_round']:11.0f}")
+    for row in r["rows"]:
+        if row.get("cpp_error"):
+            print(f"C++ {row['kind']} n={row['draft_max']} failed: {row['cpp_error']}")
     bs = r.get("backend_sampling")
     if bs:
         if "error" in bs:
