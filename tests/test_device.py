@@ -25,13 +25,13 @@ import io
 import json
 import os
 import re
-import threading
 
 import numpy as np
 import pytest
 
 import ties
 from conftest import run_cli
+from test_parallel import together
 from specgguf.api import SpecGGUF
 from specgguf.runtime import doctor
 
@@ -194,22 +194,7 @@ def test_two_parallel_slots_on_the_device(qwen3_target, qwen3_draft, plain_dev):
     each answers as alone."""
     for draft in ("ngram", str(qwen3_draft)):
         with SpecGGUF(str(qwen3_target), draft=draft, n_ctx=N_CTX, n_gpu_layers=ALL, n_parallel=2) as llm:
-            out, errors = [None, None], []
-            start = threading.Barrier(2)
-
-            def run(i, p):
-                try:
-                    start.wait()
-                    out[i] = llm.generate(p, max_tokens=N)
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(PROMPTS[:2])]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-            assert not errors, errors
+            out = together(llm, PROMPTS[:2], max_tokens=N, timeout=300)
             for r, p in zip(out, PROMPTS[:2]):
                 assert_plain_or_tie(qwen3_target, p, r.tokens, plain_dev[(str(qwen3_target), p)])
             assert llm._pool.shared.passes < sum(r.stats.rounds for r in out)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 
 import gguf
 import numpy as np
@@ -23,6 +22,7 @@ import pytest
 import checkpoint_fixtures as F
 import cpp_baseline
 import reference_dflash2 as R2
+from test_parallel import together
 from specgguf.api import SpecGGUF
 from specgguf.converters import convert
 from specgguf.converters.safetensors import Weights
@@ -450,26 +450,6 @@ def test_prompt_cache_reuse_equals_fresh(pairs, name):
         (want.stats.drafted, want.stats.accepted)
 
 
-def _together(llm, prompts):
-    out, errors = [None] * len(prompts), []
-    start = threading.Barrier(len(prompts))
-
-    def run(i, prompt):
-        try:
-            start.wait()
-            out[i] = llm.generate(prompt, max_tokens=N)
-        except BaseException as exc:
-            errors.append((prompt, exc))
-
-    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return out
-
-
 @pytest.mark.parametrize("name", ["random", "counting"])
 def test_parallel_slots_answer_as_alone(pairs, name):
     target, draft = pairs[name]
@@ -477,7 +457,7 @@ def test_parallel_slots_answer_as_alone(pairs, name):
     with SpecGGUF(str(target), draft=draft, draft_max=4, n_ctx=256) as ref:
         want = [ref.generate(p, max_tokens=N) for p in prompts]
     with SpecGGUF(str(target), draft=draft, draft_max=4, n_ctx=256, n_parallel=2) as llm:
-        got = _together(llm, prompts)
+        got = together(llm, prompts, max_tokens=N)
         assert len({id(e.drafter.model) for e in llm._pool.engines}) == 1  # one draft model
     assert [r.tokens for r in got] == [r.tokens for r in want]
     # each slot walked its own lattice: the same drafts, accepted as often, as alone

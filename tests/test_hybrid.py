@@ -16,6 +16,7 @@ import pytest
 
 from specgguf.api import SpecGGUF
 from specgguf.loading import MAX_SNAPSHOTS
+from test_parallel import together
 
 ARCHS = ["lfm2", "qwen35"]
 N_CTX = 512
@@ -116,33 +117,13 @@ def test_prompt_cache_and_saved_states(hybrid, draft):
             assert got.tokens == fresh.generate(prompt, max_tokens=n).tokens
 
 
-def _together(llm, prompts, max_tokens):
-    out, errors = [None] * len(prompts), []
-    start = threading.Barrier(len(prompts))
-
-    def run(i, prompt):
-        try:
-            start.wait()
-            out[i] = llm.generate(prompt, max_tokens=max_tokens)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return out
-
-
 @pytest.mark.parametrize("draft", ["ngram", "model", "dspark"])
 def test_parallel_slots_answer_as_alone(hybrid, draft):
     prompts = [PROMPT, list(range(120, 170)) + list(range(120, 140)), list(range(30, 60)) * 2]
     with SpecGGUF(hybrid["target"], draft=hybrid["drafts"][draft], draft_max=4, n_ctx=N_CTX) as ref:
         want = [ref.generate(p, max_tokens=40).tokens for p in prompts]
     with SpecGGUF(hybrid["target"], draft=hybrid["drafts"][draft], draft_max=4, n_ctx=N_CTX, n_parallel=2) as llm:
-        got = _together(llm, prompts, 40)
+        got = together(llm, prompts, max_tokens=40)
     assert [r.tokens for r in got] == want
     assert sum(r.stats.accepted for r in got) > 0
 

@@ -31,8 +31,9 @@ def alone(target, draft, prompts, **sampling):
         return [llm.generate(p, max_tokens=MAX_TOKENS, **sampling) for p in prompts]
 
 
-def together(llm, prompts, **sampling):
-    """Every prompt on its own thread, all started at once; their tokens in prompt order."""
+def together(llm, prompts, max_tokens=MAX_TOKENS, timeout=120, **sampling):
+    """Every prompt on its own thread, all started at once; their results in prompt order
+    (tests/test_hybrid.py, test_dflash2.py and test_device.py use it too)."""
     out: list = [None] * len(prompts)
     errors: list = []
     start = threading.Barrier(len(prompts))
@@ -40,7 +41,7 @@ def together(llm, prompts, **sampling):
     def run(i, prompt):
         try:
             start.wait()
-            out[i] = llm.generate(prompt, max_tokens=MAX_TOKENS, **sampling)
+            out[i] = llm.generate(prompt, max_tokens=max_tokens, **sampling)
         except BaseException as exc:  # reported below, with the thread's prompt
             errors.append((prompt, exc))
 
@@ -48,7 +49,7 @@ def together(llm, prompts, **sampling):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(timeout)
     assert not errors, errors
     return out
 
