@@ -307,9 +307,9 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
                     except RuntimeError as exc:  # the C++ loop aborted on this backend: a row note, not the end
                         cpp_error = _cpp_failure(str(exc))
                         print(f"  {kind} n={n}: C++ failed: {cpp_error}", file=sys.stderr, flush=True)
-                        continue
-                    if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
-                        best_cpp = cpp
+                    else:
+                        if best_cpp is None or cpp.tokens_per_second > best_cpp.tokens_per_second:
+                            best_cpp = cpp
                 ours = run_ours(target, drafter, n, tokens, args.tokens)
                 if best_ours is None or ours["tokens_per_second"] > best_ours["tokens_per_second"]:
                     best_ours = ours
