@@ -90,26 +90,10 @@ def _measured_widths() -> dict:
 
 
 def backends() -> list[dict]:
-    """llama.cpp's registered backends (ggml_backend_reg_*) in order: name and device names.
-    A backend compiled in but with no usable device (Vulkan with no driver, or only a CPU-type
-    Vulkan device not named in GGML_VK_VISIBLE_DEVICES) is listed with no devices."""
-    import ctypes
-
+    """llama.cpp's registered backends in order, each with its device names (native.system)."""
     from .native import system
 
-    g = system._ggml
-    count = g("ggml_backend_reg_count", [], ctypes.c_size_t)
-    get = g("ggml_backend_reg_get", [ctypes.c_size_t], ctypes.c_void_p)
-    name = g("ggml_backend_reg_name", [ctypes.c_void_p], ctypes.c_char_p)
-    n_dev = g("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
-    dev = g("ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p)
-    dev_name = g("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p)
-    out = []
-    for i in range(count()):
-        reg = get(i)
-        out.append({"name": (name(reg) or b"").decode("utf-8", "replace"),
-                    "devices": [(dev_name(dev(reg, j)) or b"").decode("utf-8", "replace") for j in range(n_dev(reg))]})
-    return out
+    return system.backends()
 
 
 GPU_BACKENDS = ("CUDA", "Vulkan", "Metal", "ROCm", "HIP", "SYCL", "MUSA", "CANN", "OpenCL")

@@ -141,6 +141,25 @@ def local_gpu_devices() -> list[int]:
     return gpus or [d for d in devs if kind(d) == _DEV_IGPU][:1]
 
 
+def backends() -> list[dict]:
+    """llama.cpp's registered backends (ggml_backend_reg_*) in order: name and device names.
+    A backend compiled in but with no usable device (Vulkan with no driver, or only a CPU-type
+    Vulkan device not named in GGML_VK_VISIBLE_DEVICES) is listed with no devices."""
+    count = _ggml("ggml_backend_reg_count", [], ctypes.c_size_t)
+    get = _ggml("ggml_backend_reg_get", [ctypes.c_size_t], ctypes.c_void_p)
+    name = _ggml("ggml_backend_reg_name", [ctypes.c_void_p], ctypes.c_char_p)
+    n_dev = _ggml("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
+    dev = _ggml("ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p)
+    dev_name = _ggml("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p)
+    out = []
+    for i in range(count()):
+        reg = get(i)
+        out.append({"name": (name(reg) or b"").decode("utf-8", "replace"),
+                    "devices": [(dev_name(dev(reg, j)) or b"").decode("utf-8", "replace")
+                                for j in range(n_dev(reg))]})
+    return out
+
+
 _DEV_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
 
 
