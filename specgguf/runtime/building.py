@@ -142,7 +142,7 @@ class CudaSetup:
 
     root: Path  # the CUDA toolkit
     version: int  # its major version (13 for CUDA 13.0)
-    cublas: Path | None = None  # PyPI's nvidia/cublas folder, when the toolkit has no cuBLAS
+    cublas: Path | None = None  # PyPI's nvidia/cu13 (CUDA 12: nvidia/cublas) folder, when the toolkit has no cuBLAS
     no_vmm: bool = False  # no libcuda.so to link against: GGML_CUDA_NO_VMM
 
     def cmake_args(self, scratch: Path) -> list[str]:
