@@ -223,3 +223,129 @@ def test_doctor_names_the_build_variant_from_the_backends():
         "keeps it)")
     assert doctor.offload_text({"offloaded": 5, "layers": 5, "buffers": ["Vulkan0"], "graph_splits": 3}) == (
         "a probe model with --gpu-layers 99 put 5/5 layers on Vulkan0; 3 graph splits: some ops run on another backend")
+
+
+def _fake_toolkit(root: Path, cublas: bool = False, stub: bool = False) -> Path:
+    """A CUDA toolkit's layout, as far as the CUDA checks read it: cuda_runtime.h, and cuBLAS and
+    libcuda's stub where asked."""
+    files = ["include/cuda_runtime.h"]
+    files += ["include/cublas_v2.h", "lib64/libcublas.so"] if cublas else []
+    files += ["lib64/stubs/libcuda.so"] if stub else []
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    return root
+
+
+def _fake_pypi_cublas(site: Path, version: int = 13) -> Path:
+    """PyPI's cuBLAS wheel as installed: nvidia/cu13/{include,lib} (nvidia/cublas/ for CUDA 12),
+    with versioned library names only."""
+    pkg = site / "nvidia" / (f"cu{version}" if version >= 13 else "cublas")
+    for rel in ("include/cublas_v2.h", "include/cublas_api.h", "include/cuda_runtime.h",
+                f"lib/libcublas.so.{version}", f"lib/libcublasLt.so.{version}"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("")
+    return pkg
+
+
+def _setup(tmp_path, arch="89", **kw):
+    kw.setdefault("which", lambda name: "/x/nvcc" if name == "nvcc" else None)
+    kw.setdefault("env", {"CUDAToolkit_ROOT": str(tmp_path / "cuda")})
+    kw.setdefault("search", [])
+    kw.setdefault("gpu_visible", False)
+    kw.setdefault("version", 13)
+    kw.setdefault("libcuda_dirs", ())
+    return building.cuda_setup(arch, **kw)
+
+
+def test_cuda_setup_takes_cublas_from_the_toolkit_or_from_pypi(tmp_path):
+    """The toolkit's cuBLAS first; else PyPI's wheel on sys.path; GGML_CUDA_NO_VMM exactly when
+    there is no libcuda.so (driver or stub) to link against."""
+    full = _setup(tmp_path, env={"CUDAToolkit_ROOT": str(_fake_toolkit(tmp_path / "full", cublas=True, stub=True))})
+    assert full.cublas is None and not full.no_vmm and full.root == tmp_path / "full"
+    _fake_toolkit(tmp_path / "cuda")
+    pypi = _fake_pypi_cublas(tmp_path / "site")
+    got = _setup(tmp_path, search=[str(tmp_path / "nothing"), str(tmp_path / "site")])
+    assert got.cublas == pypi.resolve() and got.no_vmm
+    driver = tmp_path / "driver"
+    (driver / "libcuda.so").parent.mkdir()
+    (driver / "libcuda.so").write_text("")
+    assert not _setup(tmp_path, search=[str(tmp_path / "site")], libcuda_dirs=(str(driver),)).no_vmm
+    # CUDA 12's wheels: nvidia/cublas/, libcublas.so.12; a cuBLAS of another major version is no match
+    _fake_pypi_cublas(tmp_path / "site12", version=12)
+    assert _setup(tmp_path, search=[str(tmp_path / "site12")], version=12).cublas.name == "cublas"
+    with pytest.raises(building.BuildError, match="pip install nvidia-cublas "):
+        _setup(tmp_path, search=[str(tmp_path / "site12")], version=13)
+
+
+def test_cuda_setup_refusals_are_one_line_and_say_what_to_do(tmp_path):
+    _fake_toolkit(tmp_path / "cuda")
+    _fake_pypi_cublas(tmp_path / "site")
+    site = [str(tmp_path / "site")]
+    cases = [
+        (dict(which=lambda name: None), ["needs nvcc", "install the CUDA toolkit"]),
+        (dict(arch=None, search=site), ["no NVIDIA GPU is visible", "--cuda-arch 89", "RTX 4090"]),
+        (dict(arch="native", search=site), ["--cuda-arch"]),
+        (dict(), ["needs cuBLAS", "pip install nvidia-cublas ", str(tmp_path / "cuda")]),
+        (dict(version=12), ["pip install nvidia-cublas-cu12 "]),
+    ]
+    for kw, needles in cases:
+        with pytest.raises(building.BuildError) as err:
+            _setup(tmp_path, **kw)
+        text = str(err.value)
+        assert "\n" not in text and all(n in text for n in needles), text
+    # a visible GPU, or an architecture in $CMAKE_ARGS, lets CMake's choice stand
+    assert _setup(tmp_path, arch=None, search=site, gpu_visible=True).cublas is not None
+    assert _setup(tmp_path, arch=None, search=site, extra_cmake_args="-DCMAKE_CUDA_ARCHITECTURES=86").cublas
+
+
+def test_cuda_plan_names_the_arch_and_no_vmm_and_keys_by_both(tmp_path):
+    pypi = building.CudaSetup(root=tmp_path, version=13, cublas=_fake_pypi_cublas(tmp_path / "site"), no_vmm=True)
+    toolkit = building.CudaSetup(root=tmp_path, version=13)
+    plan = building.Plan(patched=False, backend="cuda", cuda_arch="89", cuda=pypi)
+    args = plan.cmake_args
+    assert {"-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89", "-DGGML_CUDA_NO_VMM=on"} <= set(args)
+    assert not any(str(tmp_path) in a for a in args)  # the key holds no machine path
+    stock = building.Plan(patched=False, backend="cuda", cuda_arch="89", cuda=toolkit)
+    assert "-DGGML_CUDA_NO_VMM=on" not in stock.cmake_args
+    assert "CMAKE_CUDA_ARCHITECTURES" not in " ".join(building.Plan(patched=False, backend="cuda").cmake_args)
+    keys = {plan.key, stock.key, building.Plan(patched=False, backend="cuda", cuda_arch="86", cuda=pypi).key,
+            building.Plan(patched=True, backend="cuda", cuda_arch="89", cuda=pypi).key}
+    assert len(keys) == 4
+    assert building.Plan(patched=False, backend="cuda", cuda_arch="86,89").cuda_arch == "86;89"
+    # the .so names that the link needs are made in the build's scratch folder
+    scratch = tmp_path / "scratch"
+    extra = pypi.cmake_args(scratch)
+    assert extra == [f"-DCMAKE_LIBRARY_PATH={scratch / 'cublas' / 'lib'}",
+                     f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={scratch / 'cublas' / 'include'}"]
+    assert (scratch / "cublas" / "lib" / "libcublas.so").resolve() == (pypi.cublas / "lib" / "libcublas.so.13").resolve()
+    assert (scratch / "cublas" / "lib" / "libcublasLt.so").exists()
+    assert sorted(p.name for p in (scratch / "cublas" / "include").iterdir()) == ["cublas_api.h", "cublas_v2.h"]
+    assert toolkit.cmake_args(scratch / "other") == [] and not (scratch / "other").exists()
+
+
+@pytest.mark.parametrize("setup, args, needles", [
+    ("none", ["--cuda"], ["needs nvcc"]),
+    ("toolkit", ["--cuda"], ["no NVIDIA GPU is visible", "--cuda-arch 89"]),
+    ("toolkit", ["--cuda", "--cuda-arch", "89"], ["needs cuBLAS", "pip install nvidia-cublas "]),
+    ("none", ["--cpu", "--cuda-arch", "89"], ["--cuda-arch is for a CUDA build"]),
+    ("none", ["--cuda", "--cuda-arch", "sm_89"], ["not a CUDA architecture", "89"]),
+])
+def test_cuda_build_refusals_come_before_any_download(tmp_path, setup, args, needles):
+    """As a user would run it, on a machine with no GPU (GPU_DEVICE moved away, no nvidia-smi)
+    and no cuBLAS on sys.path: one line, nothing downloaded, nothing cached."""
+    (tmp_path / "bin").mkdir()
+    if setup == "toolkit":
+        nvcc = tmp_path / "bin" / "nvcc"
+        nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+        nvcc.chmod(0o755)
+    code = ("import functools; from specgguf.runtime import building; building.GPU_DEVICE = '/nonexistent'; "
+            "building.cuda_setup = functools.partial(building.cuda_setup, search=[]); "
+            "from specgguf.cli import main; main()")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), CMAKE_ARGS="", PATH=str(tmp_path / "bin"),
+               CUDAToolkit_ROOT=str(_fake_toolkit(tmp_path / "cuda")), CUDA_PATH="", CUDA_HOME="")
+    proc = subprocess.run([sys.executable, "-c", code, "build-llama", *args, "--no-install"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert_one_line_error(proc, *needles)
+    assert "downloading" not in proc.stderr
+    assert not (tmp_path / "cache" / "specgguf" / "wheels").exists()

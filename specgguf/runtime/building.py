@@ -11,6 +11,12 @@ What the build can add to the stock wheel from PyPI:
 - `rpc`: llama.cpp's RPC backend (GGML_RPC), for `--rpc HOST:PORT` (target layers on
   `ggml-rpc-server` processes on other machines).
 
+A CUDA build is checked first too (`cuda_setup`): nvcc, a GPU architecture (`--cuda-arch`; CMake's
+`native` needs a visible GPU), cuBLAS (the toolkit's, else PyPI's `nvidia-cublas` wheel in this
+environment, linked through `.so` names made in the build's temp folder), and libcuda to link
+against (a driver or the toolkit's stub; without one, GGML_CUDA_NO_VMM drops that link). So a
+machine with the toolkit and no GPU builds a wheel for another machine's GPU.
+
 Steps: download the sdist with pip (or take a local one), apply the patches, `pip wheel` it
 with CMAKE_ARGS (one llama.cpp compile: minutes), cache the wheel, install it into the running
 interpreter's environment. The cache, <user cache>/wheels/<key>/ (runtime/paths.py), is
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -48,6 +55,14 @@ VULKAN_PREFIXES = ("/usr", "/usr/local", "/opt/homebrew")
 
 class BuildError(UserError):
     """The build could not be done (no network, no compiler, a failed compile): one line."""
+
+
+# a visible NVIDIA GPU (or nvidia-smi on $PATH): then CMake's `native` architecture can be used
+GPU_DEVICE = "/dev/nvidia0"
+# where a CUDA build looks for libcuda.so to link against, besides the toolkit (its lib64/stubs)
+LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/wsl/lib")
+# what --cuda-arch takes: CMAKE_CUDA_ARCHITECTURES values (89, 86-real, 120a, "86;89", all-major)
+_ARCH = re.compile(r"^(native|all|all-major|\d+[af]?(-real|-virtual)?([;,]\d+[af]?(-real|-virtual)?)*)$")
 
 
 def command(patched: bool = True, backend: str | None = None, rpc: bool = False) -> str:
@@ -121,6 +136,101 @@ def vulkan_check(missing: list[tuple[str, str]] | None = None) -> None:
                      "with VULKAN_SDK set) and run the command again")
 
 
+@dataclass(frozen=True)
+class CudaSetup:
+    """What a CUDA build found on this machine (`cuda_setup`)."""
+
+    root: Path  # the CUDA toolkit
+    version: int  # its major version (13 for CUDA 13.0)
+    cublas: Path | None = None  # PyPI's nvidia/cu13 (CUDA 12: nvidia/cublas) folder, when the toolkit has no cuBLAS
+    no_vmm: bool = False  # no libcuda.so to link against: GGML_CUDA_NO_VMM
+
+    def cmake_args(self, scratch: Path) -> list[str]:
+        """The machine-specific arguments (paths: not part of the cache key); `scratch` gets
+        the `.so` links that PyPI's cuBLAS lacks (it ships only libcublas.so.13 and the like)."""
+        if self.cublas is None:
+            return []
+        # only cuBLAS's own headers: the wheels' shared include/ (nvidia/cu13) may also hold other
+        # CUDA headers, of another version than the toolkit's
+        links = scratch / "cublas"
+        (links / "lib").mkdir(parents=True, exist_ok=True)
+        (links / "include").mkdir(exist_ok=True)
+        for lib in ("cublas", "cublasLt"):
+            real = sorted((self.cublas / "lib").glob(f"lib{lib}.so.{self.version}*"))[0]
+            (links / "lib" / f"lib{lib}.so").symlink_to(real)
+        for header in (self.cublas / "include").glob("cublas*.h"):
+            (links / "include" / header.name).symlink_to(header)
+        return [f"-DCMAKE_LIBRARY_PATH={links / 'lib'}",
+                f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={links / 'include'}"]
+
+
+def cublas_package(version: int) -> str:
+    """PyPI's cuBLAS for CUDA `version`: `nvidia-cublas` from CUDA 13 on, `nvidia-cublas-cu12` before."""
+    return "nvidia-cublas" if version >= 13 else f"nvidia-cublas-cu{version}"
+
+
+def _toolkit_version(nvcc: str) -> int | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"release (\d+)\.", out)
+    return int(found.group(1)) if found else None
+
+
+def _first(root: Path, patterns: tuple[str, ...]) -> Path | None:
+    return next((hit for pat in patterns for hit in root.glob(pat)), None)
+
+
+def cuda_setup(arch: str | None, *, extra_cmake_args: str = "", which: Callable[[str], str | None] = shutil.which,
+               env: dict | None = None, search: list[str] | None = None, gpu_visible: bool | None = None,
+               version: int | None = None, libcuda_dirs: tuple[str, ...] = LIBCUDA_DIRS) -> CudaSetup:
+    """Check a CUDA build before its compile and say what it links against; refuse, in one
+    line, what CMake would fail on minutes later: no nvcc, no architecture to compile for (no
+    --cuda-arch and no GPU for `native`), no cuBLAS. `search` (default sys.path) is where PyPI's
+    nvidia-cublas is looked for; the other keywords replace what is detected (tests)."""
+    env = os.environ if env is None else env
+    nvcc = which("nvcc")
+    if nvcc is None:
+        raise BuildError("the CUDA build needs nvcc, not found on PATH: install the CUDA toolkit (or put its bin/ "
+                         "on PATH) and run the command again")
+    # where CMake's FindCUDAToolkit looks: $CUDAToolkit_ROOT, $CUDA_PATH, nvcc's folder, /usr/local/cuda
+    candidates = [env.get("CUDAToolkit_ROOT"), env.get("CUDA_PATH"), env.get("CUDA_HOME"),
+                  str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+    root = next((Path(c) for c in candidates if c and _first(Path(c), ("include/cuda_runtime.h",
+                                                                          "targets/*/include/cuda_runtime.h"))),
+                Path(Path(nvcc).resolve().parent.parent))
+    version = _toolkit_version(nvcc) if version is None else version
+    if version is None:
+        raise BuildError(f"cannot read the CUDA version from `{nvcc} --version`: check the CUDA toolkit install")
+    if gpu_visible is None:
+        gpu_visible = Path(GPU_DEVICE).exists() or which("nvidia-smi") is not None
+    native = arch == "native" or (arch is None and "CMAKE_CUDA_ARCHITECTURES" not in extra_cmake_args)
+    if native and not gpu_visible:
+        raise BuildError("no NVIDIA GPU is visible here to compile for (CMake's `native`): name the GPU's "
+                         "architecture with --cuda-arch, e.g. --cuda-arch 89 for an RTX 4090 (86: RTX 30xx, 120: RTX 50xx)")
+    libs = ("lib64/libcublas.so", "lib/libcublas.so", "targets/*/lib/libcublas.so", "lib/*/libcublas.so")
+    headers = ("include/cublas_v2.h", "targets/*/include/cublas_v2.h")
+    cublas = None
+    if not (_first(root, libs) and _first(root, headers)):
+        for site in (sys.path if search is None else search):
+            # the wheels' layout: nvidia/cu13/{include,lib} from CUDA 13 on, nvidia/cublas/ before
+            for pkg in (Path(site or ".") / "nvidia" / f"cu{version}", Path(site or ".") / "nvidia" / "cublas"):
+                if (pkg / "include" / "cublas_v2.h").is_file() and all(
+                        next((pkg / "lib").glob(f"lib{lib}.so.{version}*"), None) for lib in ("cublas", "cublasLt")):
+                    cublas = pkg.resolve()
+                    break
+            if cublas is not None:
+                break
+        else:
+            raise BuildError(f"the CUDA build needs cuBLAS, which the CUDA {version} toolkit in {root} lacks: "
+                             f"pip install {cublas_package(version)} (into this environment: {sys.executable}), "
+                             "or install the toolkit's cuBLAS, and run the command again")
+    stubs = ("lib64/stubs/libcuda.so", "lib/stubs/libcuda.so", "targets/*/lib/stubs/libcuda.so", "lib64/libcuda.so")
+    no_vmm = not (_first(root, stubs) or any((Path(d) / "libcuda.so").exists() for d in libcuda_dirs))
+    return CudaSetup(root=root, version=version, cublas=cublas, no_vmm=no_vmm)
+
+
 @dataclass
 class Plan:
     """What to build: the CMake arguments follow from the options; `key` names the cache entry."""
@@ -132,6 +242,8 @@ class Plan:
     patches: list[tuple[str, bytes]] = field(default_factory=list)
     # what this machine's compiler needs (toolchain.amx_flags); None: detect it
     compiler_flags: list[str] | None = None
+    cuda_arch: str | None = None  # CMAKE_CUDA_ARCHITECTURES (89 for an RTX 4090); None: llama.cpp's choice
+    cuda: CudaSetup | None = None  # what the CUDA build links against (cuda_setup; build() fills it in)
 
     def __post_init__(self):
         if self.backend is not None and self.backend not in BACKENDS:
@@ -148,11 +260,22 @@ class Plan:
                             param="extra_cmake_args") from None
         if self.compiler_flags is None:
             self.compiler_flags = toolchain.amx_flags()
+        if self.cuda_arch is not None:
+            if self.backend != "cuda":
+                raise UserError("--cuda-arch is for a CUDA build: add --cuda", param="cuda_arch")
+            if not _ARCH.match(self.cuda_arch):
+                raise UserError(f"--cuda-arch {self.cuda_arch!r} is not a CUDA architecture: give its number, "
+                                "e.g. 89 for an RTX 4090 (or a list: 86;89)", param="cuda_arch")
+            self.cuda_arch = self.cuda_arch.replace(",", ";")
 
     @property
     def cmake_args(self) -> list[str]:
         args = {"cuda": ["-DGGML_CUDA=on"], "metal": ["-DGGML_METAL=on"], "vulkan": ["-DGGML_VULKAN=on"],
                 "cpu": ["-DGGML_METAL=off"] if sys.platform == "darwin" else [], None: []}[self.backend]
+        if self.backend == "cuda" and self.cuda_arch:
+            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_arch}")
+        if self.cuda is not None and self.cuda.no_vmm:
+            args.append("-DGGML_CUDA_NO_VMM=on")
         if self.rpc:
             args.append("-DGGML_RPC=on")
         return toolchain.merge(args + shlex.split(self.extra_cmake_args), self.compiler_flags or [])
@@ -160,7 +283,8 @@ class Plan:
     @property
     def key(self) -> str:
         h = hashlib.sha256()
-        for part in (VERSION, " ".join(self.cmake_args), sys.implementation.cache_tag, sysconfig.get_platform()):
+        cublas = "" if self.cuda is None else ("cublas: pypi" if self.cuda.cublas else "cublas: toolkit")
+        for part in (VERSION, " ".join(self.cmake_args), sys.implementation.cache_tag, sysconfig.get_platform(), cublas):
             h.update(part.encode() + b"\0")
         for name, body in self.patches:
             h.update(name.encode() + b"\0" + body)
@@ -179,6 +303,8 @@ def cached_wheel(plan: Plan) -> Path | None:
 def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None = None,
           python: str = sys.executable, log: Callable[[str], None] = print) -> Path:
     """The wheel for `plan`: from the cache, or built (and cached) now."""
+    if plan.backend == "cuda" and plan.cuda is None:  # before the cache: what it finds is in the key
+        plan.cuda = cuda_setup(plan.cuda_arch, extra_cmake_args=plan.extra_cmake_args)
     wheel = None if rebuild else cached_wheel(plan)
     if wheel is not None:
         log(f"using the cached wheel {wheel}")
@@ -196,7 +322,8 @@ def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None 
         entry = cache_root() / plan.key
         entry.mkdir(parents=True, exist_ok=True)
         logfile = entry / "build.log"
-        env = dict(os.environ, CMAKE_ARGS=shlex.join(plan.cmake_args))
+        local = [] if plan.cuda is None else plan.cuda.cmake_args(work)
+        env = dict(os.environ, CMAKE_ARGS=shlex.join(plan.cmake_args + local))
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         log(f"building the wheel: one llama.cpp compile, minutes (CMAKE_ARGS='{env['CMAKE_ARGS']}'; log: {logfile})")
         start = time.monotonic()
