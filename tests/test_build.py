@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from specgguf.runtime import building, patchprobe
+from specgguf.runtime import building, patchprobe, toolchain
 from test_cli import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,14 +313,19 @@ def test_cuda_plan_names_the_arch_and_no_vmm_and_keys_by_both(tmp_path):
             building.Plan(patched=True, backend="cuda", cuda_arch="89", cuda=pypi).key}
     assert len(keys) == 4
     assert building.Plan(patched=False, backend="cuda", cuda_arch="86,89").cuda_arch == "86;89"
-    # the .so names that the link needs are made in the build's scratch folder
+    # the link names the wheel's own files, so that no build folder lands in the RUNPATH; one
+    # relative entry finds cuBLAS beside llama_cpp/lib in whatever environment installs the wheel
     scratch = tmp_path / "scratch"
     extra = pypi.cmake_args(scratch)
-    assert extra == [f"-DCMAKE_LIBRARY_PATH={scratch / 'cublas' / 'lib'}",
-                     f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={scratch / 'cublas' / 'include'}"]
-    assert (scratch / "cublas" / "lib" / "libcublas.so").resolve() == (pypi.cublas / "lib" / "libcublas.so.13").resolve()
-    assert (scratch / "cublas" / "lib" / "libcublasLt.so").exists()
+    assert extra == [f"-DCUDA_cublas_LIBRARY={pypi.cublas / 'lib' / 'libcublas.so.13'}",
+                     f"-DCUDA_cublasLt_LIBRARY={pypi.cublas / 'lib' / 'libcublasLt.so.13'}",
+                     f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={scratch / 'cublas' / 'include'}",
+                     "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath,'$ORIGIN/../../nvidia/cu13/lib'"]
+    assert not any(str(scratch) in a for a in extra if "LIBRARY" in a or "LINKER" in a)
     assert sorted(p.name for p in (scratch / "cublas" / "include").iterdir()) == ["cublas_api.h", "cublas_v2.h"]
+    # the user's own linker flags stay, ours appended
+    merged = toolchain.merge(["-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--as-needed"], extra)
+    assert "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--as-needed -Wl,-rpath,'$ORIGIN/../../nvidia/cu13/lib'" in merged
     assert toolkit.cmake_args(scratch / "other") == [] and not (scratch / "other").exists()
 
 

@@ -146,22 +146,27 @@ class CudaSetup:
     no_vmm: bool = False  # no libcuda.so to link against: GGML_CUDA_NO_VMM
 
     def cmake_args(self, scratch: Path) -> list[str]:
-        """The machine-specific arguments (paths: not part of the cache key); `scratch` gets
-        the `.so` links that PyPI's cuBLAS lacks (it ships only libcublas.so.13 and the like)."""
+        """The machine-specific arguments (paths: not part of the cache key) for PyPI's cuBLAS.
+
+        The link names the wheel's own files (they carry only `.so.13` names, which FindCUDAToolkit's
+        search would not find), so that the library's RUNPATH holds this environment's cuBLAS
+        folder and not a build folder: a RUNPATH into a deleted /tmp folder finds nothing, and
+        whoever creates that folder later chooses the library loaded. A relative entry
+        ($ORIGIN/../../nvidia/cu13/lib, from site-packages/llama_cpp/lib) finds cuBLAS in any
+        environment the cached wheel is installed into. `scratch` gets links to cuBLAS's own
+        headers: the wheels' shared include/ (nvidia/cu13) may also hold other CUDA headers, of
+        another version than the toolkit's."""
         if self.cublas is None:
             return []
-        # only cuBLAS's own headers: the wheels' shared include/ (nvidia/cu13) may also hold other
-        # CUDA headers, of another version than the toolkit's
-        links = scratch / "cublas"
-        (links / "lib").mkdir(parents=True, exist_ok=True)
-        (links / "include").mkdir(exist_ok=True)
-        for lib in ("cublas", "cublasLt"):
-            real = sorted((self.cublas / "lib").glob(f"lib{lib}.so.{self.version}*"))[0]
-            (links / "lib" / f"lib{lib}.so").symlink_to(real)
+        headers = scratch / "cublas" / "include"
+        headers.mkdir(parents=True, exist_ok=True)
         for header in (self.cublas / "include").glob("cublas*.h"):
-            (links / "include" / header.name).symlink_to(header)
-        return [f"-DCMAKE_LIBRARY_PATH={links / 'lib'}",
-                f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={links / 'include'}"]
+            (headers / header.name).symlink_to(header)
+        libs = [f"-DCUDA_{lib}_LIBRARY={sorted((self.cublas / 'lib').glob(f'lib{lib}.so.{self.version}*'))[0]}"
+                for lib in ("cublas", "cublasLt")]
+        beside = f"$ORIGIN/../../{self.cublas.parent.name}/{self.cublas.name}/lib"
+        return libs + [f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={headers}",
+                       f"-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath,'{beside}'"]
 
 
 def cublas_package(version: int) -> str:
@@ -283,7 +288,7 @@ class Plan:
     @property
     def key(self) -> str:
         h = hashlib.sha256()
-        cublas = "" if self.cuda is None else ("cublas: pypi" if self.cuda.cublas else "cublas: toolkit")
+        cublas = "" if self.cuda is None else ("cublas: pypi, linked by file" if self.cuda.cublas else "cublas: toolkit")
         for part in (VERSION, " ".join(self.cmake_args), sys.implementation.cache_tag, sysconfig.get_platform(), cublas):
             h.update(part.encode() + b"\0")
         for name, body in self.patches:
@@ -323,7 +328,7 @@ def build(plan: Plan, *, rebuild: bool = False, sdist: str | os.PathLike | None 
         entry.mkdir(parents=True, exist_ok=True)
         logfile = entry / "build.log"
         local = [] if plan.cuda is None else plan.cuda.cmake_args(work)
-        env = dict(os.environ, CMAKE_ARGS=shlex.join(plan.cmake_args + local))
+        env = dict(os.environ, CMAKE_ARGS=shlex.join(toolchain.merge(plan.cmake_args, local)))
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         log(f"building the wheel: one llama.cpp compile, minutes (CMAKE_ARGS='{env['CMAKE_ARGS']}'; log: {logfile})")
         start = time.monotonic()
