@@ -44,6 +44,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -281,9 +283,11 @@ def run_ours(target, drafter, n: int, tokens, max_tokens: int, trace: bool = Fal
     return out
 
 
-def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft, lengths, work) -> list[dict]:
+def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft, lengths, work,
+              on_row=None) -> list[dict]:
     """One row per draft length for `kind`: specgguf (best of --repeat), the C++ loop on the same
-    files where `cpp_type` names its --spec-type, and with --trace the breakdown by phase."""
+    files where `cpp_type` names its --spec-type, and with --trace the breakdown by phase;
+    `on_row(rows)` after each row."""
     gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
     rows = []
     if args.no_cpp:
@@ -332,6 +336,8 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
             if traces:
                 row["trace"] = best_trace(traces)
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
             print(f"  {kind} n={n}: ours {row['ours_tokens_per_second']:.1f} tok/s"
                   + (f", C++ {cpp_tps:.1f} tok/s" if cpp_tps else ""), file=sys.stderr, flush=True)
         finally:
@@ -364,7 +370,7 @@ def backend_sampling(tpath: Path, args, work: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def mtp_rows(args, result: dict, lengths, work: Path) -> list[dict]:
+def mtp_rows(args, result: dict, lengths, work: Path, on_row=None) -> list[dict]:
     """The mtp rows: Gemma 4's assistant on a gemma4 target (GEMMA4), against llama.cpp's
     --spec-type draft-mtp on the same files."""
     t0 = time.perf_counter()
@@ -378,7 +384,7 @@ def mtp_rows(args, result: dict, lengths, work: Path) -> list[dict]:
     try:
         tokens = target.tokenize(PROMPT)
         run_ours(target, None, 1, tokens, 8)  # warm-up
-        return kind_rows(args, target, tpath, tokens, "mtp", apath, "draft-mtp", apath, lengths, work)
+        return kind_rows(args, target, tpath, tokens, "mtp", apath, "draft-mtp", apath, lengths, work, on_row=on_row)
     finally:
         target.close()
 
@@ -441,6 +447,103 @@ def verify_curve(target, tokens, widths, repeats: int) -> dict:
     return out
 
 
+TARGET_FILE = "target-q4_k_m.gguf"
+DRAFT_FILES = {"dspark": "dspark-q8_0.gguf", "dflash": "dflash-q8_0.gguf", "eagle3": "eagle3-q8_0.gguf"}
+SIGNALS = {"-11": "SIGSEGV", "-6": "SIGABRT", "-7": "SIGBUS", "-4": "SIGILL", "-8": "SIGFPE", "-9": "SIGKILL"}
+
+
+def run_part(args, part: str, work: Path, lengths: list[int]) -> int:
+    """One part of the check, in this (child) process: "plain" (plain tokens/s, the verify
+    curve) or one kind's rows. Its JSON (work/part-PART.json) is rewritten after each row, so
+    that a crash inside llama.cpp keeps the rows measured before it."""
+    out_path = work / f"part-{part}.json"
+    out: dict = {"timings_s": {}, "model_mb": {}, "rows": []}
+
+    def save(rows: list | None = None):
+        if rows is not None:
+            out["rows"] = rows
+        out_path.write_text(json.dumps(out))
+        if rows and os.environ.get("SPECGGUF_GPU_CHECK_CRASH") == part:  # tests: a crash after the first row
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    if part == "mtp":
+        out["rows"] = mtp_rows(args, out, lengths, work, on_row=save)
+        save()
+        return 0
+    tpath = work / TARGET_FILE
+    t0 = time.perf_counter()
+    target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    try:
+        out["timings_s"]["load_target"] = time.perf_counter() - t0
+        tokens = target.tokenize(PROMPT)
+        out["prompt_tokens"] = len(tokens)
+        run_ours(target, None, 1, tokens, 8)  # warm-up
+        if part == "plain":
+            plain = max((run_ours(target, None, 1, tokens, args.tokens) for _ in range(args.repeat)),
+                        key=lambda r: r["tokens_per_second"])
+            out["plain_tokens_per_second"] = plain["tokens_per_second"]
+            out["plain_python_us_per_token"] = plain["python_us_per_round"]
+            if args.trace:
+                out["plain_trace"] = best_trace([run_ours(target, None, 1, tokens, args.tokens, trace=True)
+                                                 for _ in range(args.repeat)])
+            save()
+            out["verify_ms"] = verify_curve(target, tokens, WIDTHS, args.repeat)
+        else:
+            drafts = {k: work / f for k, f in DRAFT_FILES.items()}
+            # (our spec, C++ --spec-type or None, C++ draft file)
+            spec, cpp_type, cpp_draft = {
+                "ngram": ("ngram", "ngram-simple", None), "suffix": ("suffix", None, None),
+                "dspark": (drafts["dspark"], "draft-dspark", drafts["dspark"]),
+                "dflash": (drafts["dflash"], "draft-dflash", drafts["dflash"]),
+                "eagle3": (drafts["eagle3"], "draft-eagle3", drafts["eagle3"]),
+                "hybrid": (f"suffix+{drafts['dspark']}", None, None)}[part]
+            out["rows"] = kind_rows(args, target, tpath, tokens, part, spec, cpp_type, cpp_draft, lengths, work,
+                                    on_row=save)
+        save()
+        return 0
+    finally:
+        target.close()
+
+
+def run_isolated(part: str, work: Path) -> dict:
+    """run_part in a child process (this script with --part), its stderr passed through. llama.cpp
+    can crash inside a pass on a backend (lavapipe did, at varying points: docs/machines.md), so
+    a child that dies is run once more, and a part that dies twice becomes a note in the table
+    with the rows it measured first: one crash is not the end of the whole check."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--part", part, "--work", str(work)]
+    notes = []
+    for attempt in (1, 2):
+        (work / f"part-{part}.json").unlink(missing_ok=True)
+        tail: list[str] = []
+        with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace") as proc:
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                tail = (tail + [line.rstrip()])[-40:]
+        got = work / f"part-{part}.json"
+        partial = json.loads(got.read_text()) if got.exists() else {}
+        if proc.returncode == 0:
+            if notes:
+                partial["notes"] = notes + [f"{part}: measured on run {attempt}"]
+            return partial
+        assertion = next((t for t in reversed(tail) if "GGML_ASSERT" in t or "error" in t.lower()), "")
+        why = SIGNALS.get(str(proc.returncode), f"exit code {proc.returncode}")
+        notes.append(f"{part}: run {attempt} died ({why}{'; ' + assertion.strip()[:200] if assertion else ''})")
+        print(f"  {notes[-1]}", file=sys.stderr, flush=True)
+    partial["notes"] = notes
+    partial.setdefault("failed_parts", []).append(part)
+    return partial
+
+
+def _merge(result: dict, part: dict) -> None:
+    for key, value in part.items():
+        if key in ("timings_s", "model_mb"):
+            result[key].update({k: v for k, v in value.items() if k not in result[key]})
+        elif key in ("rows", "notes", "failed_parts"):
+            result.setdefault(key, []).extend(value)
+        else:
+            result.setdefault(key, value)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="small widths and depths (the CPU rehearsal)")
@@ -459,13 +562,15 @@ def main() -> int:
                     help="also trace plain and ngram rounds on the embedded Gemma (262k vocabulary; specgguf only)")
     ap.add_argument("--out", default="bench/gpu_check.json")
     ap.add_argument("--backend", default="cuda", help="label for the table (the build decides)")
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # run_isolated's child: plain or a kind
+    ap.add_argument("--work", default=None, help=argparse.SUPPRESS)  # the child's models and JSON folder
     args = ap.parse_args()
     shape = SMALL if args.small else FULL
     args.tokens = args.tokens or (24 if args.small else 128)
     args.lengths = args.lengths or ("4,16" if args.small else "4,8,16")
     args.repeat = args.repeat or (1 if args.small else 2)
     lengths = [int(x) for x in args.lengths.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="specgguf-gpucheck-"))
+    work = Path(tempfile.mkdtemp(prefix="specgguf-gpucheck-")) if args.part is None else None
     result = {"backend": args.backend, "small": args.small, "shape": {k: list(v) if isinstance(v, tuple) else v
                                                                     for k, v in shape.items()},
               "n_vocab": N_VOCAB, "tokens": args.tokens, "threads": args.threads, "gpu_layers": args.gpu_layers,
@@ -475,53 +580,30 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         ap.error(f"unknown --kinds {unknown}; use some of {','.join(KINDS)}")
+    if args.part is not None:  # a child of the run below: one part, its JSON into the models' folder
+        return run_part(args, args.part, Path(args.work), lengths)
     result["kinds"], result["traced"] = kinds, args.trace
-    t0 = time.perf_counter()
-    tpath = write_target(work / "target-q4_k_m.gguf", shape)
-    drafts = {}
-    if {"dspark", "hybrid"} & set(kinds):
-        drafts["dspark"] = write_dspark(work / "dspark-q8_0.gguf", shape)
-    if "dflash" in kinds:
-        drafts["dflash"] = write_dspark(work / "dflash-q8_0.gguf", shape, seed=3, markov=False)
-    if "eagle3" in kinds:
-        drafts["eagle3"] = write_eagle3(work / "eagle3-q8_0.gguf", shape)
-    result["timings_s"]["write_models"] = time.perf_counter() - t0
-    result["model_mb"] = {"target": tpath.stat().st_size / 1e6,
-                          **{k: p.stat().st_size / 1e6 for k, p in drafts.items()}}
-    print(f"models: {', '.join(f'{k} {mb:.0f} MB' for k, mb in result['model_mb'].items())} "
-          f"in {result['timings_s']['write_models']:.1f} s", file=sys.stderr, flush=True)
     try:
         t0 = time.perf_counter()
-        target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
-        result["timings_s"]["load_target"] = time.perf_counter() - t0
-        tokens = target.tokenize(PROMPT)
-        result["prompt_tokens"] = len(tokens)
-        run_ours(target, None, 1, tokens, 8)  # warm-up
-        plain = max((run_ours(target, None, 1, tokens, args.tokens) for _ in range(args.repeat)),
-                    key=lambda r: r["tokens_per_second"])
-        result["plain_tokens_per_second"] = plain["tokens_per_second"]
-        result["plain_python_us_per_token"] = plain["python_us_per_round"]
-        if args.trace:
-            result["plain_trace"] = best_trace([run_ours(target, None, 1, tokens, args.tokens, trace=True)
-                                                for _ in range(args.repeat)])
-        result["verify_ms"] = verify_curve(target, tokens, WIDTHS, args.repeat)
-        # (kind, our spec, C++ --spec-type or None, C++ draft file)
-        table = {"ngram": ("ngram", "ngram-simple", None), "suffix": ("suffix", None, None),
-                 "dspark": (drafts.get("dspark"), "draft-dspark", drafts.get("dspark")),
-                 "dflash": (drafts.get("dflash"), "draft-dflash", drafts.get("dflash")),
-                 "eagle3": (drafts.get("eagle3"), "draft-eagle3", drafts.get("eagle3")),
-                 "hybrid": (f"suffix+{drafts.get('dspark')}", None, None)}
-        for kind in kinds:
-            if kind != "mtp":
-                result["rows"] += kind_rows(args, target, tpath, tokens, kind, *table[kind], lengths, work)
-        target.close()
-        result["backend_sampling"] = backend_sampling(tpath, args, work)
-        if "mtp" in kinds:
-            result["rows"] += mtp_rows(args, result, lengths, work)
+        tpath = write_target(work / TARGET_FILE, shape)
+        if {"dspark", "hybrid"} & set(kinds):
+            write_dspark(work / DRAFT_FILES["dspark"], shape)
+        if "dflash" in kinds:
+            write_dspark(work / DRAFT_FILES["dflash"], shape, seed=3, markov=False)
+        if "eagle3" in kinds:
+            write_eagle3(work / DRAFT_FILES["eagle3"], shape)
+        result["timings_s"]["write_models"] = time.perf_counter() - t0
+        result["model_mb"] = {"target": tpath.stat().st_size / 1e6,
+                              **{k: (work / f).stat().st_size / 1e6 for k, f in DRAFT_FILES.items()
+                                 if (work / f).exists()}}
+        print(f"models: {', '.join(f'{k} {mb:.0f} MB' for k, mb in result['model_mb'].items())} "
+              f"in {result['timings_s']['write_models']:.1f} s", file=sys.stderr, flush=True)
+        for part in ["plain", *kinds]:
+            _merge(result, run_isolated(part, work))
+            if part == "plain":  # the probe loads the target alone, before the kinds
+                result["backend_sampling"] = backend_sampling(tpath, args, work)
     finally:
-        for p in work.iterdir():
-            p.unlink()
-        work.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
     if args.gemma:
         result["gemma"] = gemma_rows(args, lengths)
     _print(result)
@@ -539,8 +621,12 @@ def _print(r: dict) -> None:
           f"eagle3 1 layer, Q8_0{'; mtp: gemma4 4x256 F32 + assistant' if 'gemma4_shape' in r else ''}; "
           f"{r['tokens']} tokens greedy, {r['threads']} threads, {r['gpu_layers']} GPU layers; "
           f"{r['machine']}")
-    print(f"plain: {r['plain_tokens_per_second']:.1f} tok/s (Python {r['plain_python_us_per_token']:.0f} us/token)")
-    print("verify ms by width: " + "  ".join(f"{w}:{ms:.2f}" for w, ms in r["verify_ms"].items()))
+    if "plain_tokens_per_second" in r:
+        print(f"plain: {r['plain_tokens_per_second']:.1f} tok/s (Python {r['plain_python_us_per_token']:.0f} us/token)")
+    else:
+        print("plain: not measured (see the notes below)")
+    print("verify ms by width: " + ("  ".join(f"{w}:{ms:.2f}" for w, ms in r["verify_ms"].items())
+                                    if "verify_ms" in r else "not measured (see the notes below)"))
     header = (f"{'kind':7} {'n':>2} {'ours tok/s':>10} {'C++ tok/s':>10} {'ratio':>6} {'accept ours/C++':>16} "
               f"{'drafted ours/C++':>17} {'py us/round':>11}")
     print(header)
@@ -557,6 +643,8 @@ def _print(r: dict) -> None:
     for row in r["rows"]:
         if row.get("cpp_error"):
             print(f"C++ {row['kind']} n={row['draft_max']} failed: {row['cpp_error']}")
+    for note in r.get("notes", []):  # a part whose child died inside llama.cpp (run_isolated)
+        print(f"specgguf {note}")
     bs = r.get("backend_sampling")
     if bs:
         if "error" in bs:

@@ -57,3 +57,21 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
     assert "ratio" in proc.stdout and "verify ms by width" in proc.stdout and "plain:" in proc.stdout
     assert "Python us per round by phase" in proc.stdout and "backend sampling" in proc.stdout
     assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"
+
+
+@pytest.mark.slow  # 30 s: models, plain, the probe and one kind, specgguf's side only
+def test_a_part_that_dies_inside_llama_cpp_is_a_note_and_the_table_still_prints(tmp_path):
+    """Each part runs in a child process; one that dies by a signal (as llama.cpp did on lavapipe)
+    is run once more, and dying again it becomes a note beside the rows it measured first."""
+    out = tmp_path / "gpu_check.json"
+    env = dict(os.environ, SPECGGUF_GPU_CHECK_CRASH="ngram", TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--no-cpp",
+                           "--kinds", "ngram,suffix", "--gpu-layers", "0", "--threads", "2", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["plain_tokens_per_second"] > 0 and r["failed_parts"] == ["ngram"]
+    assert [(row["kind"], row["draft_max"]) for row in r["rows"]] == [("ngram", 4), ("suffix", 4), ("suffix", 16)]
+    assert len(r["notes"]) == 2 and all("SIGSEGV" in n for n in r["notes"]), r["notes"]
+    assert "specgguf ngram: run 2 died (SIGSEGV" in proc.stdout and "suffix" in proc.stdout
+    assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"
