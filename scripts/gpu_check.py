@@ -68,6 +68,7 @@ from specgguf.runtime.target import Target  # noqa: E402
 from specgguf.decoding import trace as round_trace  # noqa: E402
 
 N_VOCAB = 151936  # Qwen3's
+GEMMA_VOCAB = 262144  # the embedded Gemma 3 270M's (--gemma)
 FULL = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=12288,
             draft_layers=5, target_layers=(2, 10, 18, 26, 34), markov_rank=256, eagle3_layers=(2, 18, 33))
 SMALL = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
@@ -288,7 +289,7 @@ def kind_rows(args, target, tpath, tokens, kind: str, spec, cpp_type, cpp_draft,
     """One row per draft length for `kind`: specgguf (best of --repeat), the C++ loop on the same
     files where `cpp_type` names its --spec-type, and with --trace the breakdown by phase;
     `on_row(rows)` after each row."""
-    gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)]
+    gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers), "-b", str(args.batch), "-ub", str(args.batch)]
     rows = []
     if args.no_cpp:
         cpp_type = None
@@ -380,7 +381,8 @@ def mtp_rows(args, result: dict, lengths, work: Path, on_row=None) -> list[dict]
     result["model_mb"].update({"gemma4": tpath.stat().st_size / 1e6, "mtp": apath.stat().st_size / 1e6})
     result["gemma4_shape"] = {"n_layer": GEMMA4.n_layer, "n_embd": GEMMA4.n_embd, "n_vocab": GEMMA4.n_vocab,
                               "assistant_width": GEMMA4_ASSISTANT_WIDTH}
-    target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    target = Target(tpath, n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads,
+                    n_gpu_layers=args.gpu_layers)
     try:
         tokens = target.tokenize(PROMPT)
         run_ours(target, None, 1, tokens, 8)  # warm-up
@@ -395,7 +397,8 @@ def gemma_rows(args, lengths) -> dict:
     from specgguf.runtime.defaults import default_target
 
     path = default_target()
-    target = Target(path, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    target = Target(path, n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads,
+                    n_gpu_layers=args.gpu_layers)
     try:
         tokens = target.tokenize(PROMPT)
         out = {"model": path.name, "n_vocab": target.model.n_vocab, "rows": []}
@@ -472,7 +475,8 @@ def run_part(args, part: str, work: Path, lengths: list[int]) -> int:
         return 0
     tpath = work / TARGET_FILE
     t0 = time.perf_counter()
-    target = Target(tpath, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    target = Target(tpath, n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads,
+                    n_gpu_layers=args.gpu_layers)
     try:
         out["timings_s"]["load_target"] = time.perf_counter() - t0
         tokens = target.tokenize(PROMPT)
@@ -509,9 +513,9 @@ def run_isolated(part: str, work: Path) -> dict:
     """run_part in a child process (this script with --part), its stderr passed through. llama.cpp
     can crash inside a pass on a backend (lavapipe did, at varying points: docs/machines.md), so
     a child that dies is run once more, and a part that dies twice becomes a note in the table
-    with the rows it measured first: one crash is not the end of the whole check."""
+    with the rows its further run measured: one crash is not the end of the whole check."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--part", part, "--work", str(work)]
-    notes = []
+    notes, kept = [], {}
     for attempt in (1, 2):
         (work / f"part-{part}.json").unlink(missing_ok=True)
         tail: list[str] = []
@@ -527,11 +531,13 @@ def run_isolated(part: str, work: Path) -> dict:
             return partial
         assertion = next((t for t in reversed(tail) if "GGML_ASSERT" in t or "error" in t.lower()), "")
         why = SIGNALS.get(str(proc.returncode), f"exit code {proc.returncode}")
+        if len(partial.get("rows", [])) >= len(kept.get("rows", [])):  # the run that got further
+            kept = partial
         notes.append(f"{part}: run {attempt} died ({why}{'; ' + assertion.strip()[:200] if assertion else ''})")
         print(f"  {notes[-1]}", file=sys.stderr, flush=True)
-    partial["notes"] = notes
-    partial.setdefault("failed_parts", []).append(part)
-    return partial
+    kept["notes"] = notes
+    kept.setdefault("failed_parts", []).append(part)
+    return kept
 
 
 def _merge(result: dict, part: dict) -> None:
@@ -544,6 +550,33 @@ def _merge(result: dict, part: dict) -> None:
             result.setdefault(key, value)
 
 
+def batch_size(ap, args) -> int:
+    """n_batch = n_ubatch for every context. llama.cpp reserves a logits buffer of n_ubatch rows
+    of the vocabulary; on a device whose storage buffers are smaller than that (lavapipe: 128 MiB,
+    a 512-row buffer at Qwen3's vocabulary is 297 MiB) later passes crashed inside Mesa, so the
+    batch is cut to fit (docs/machines.md). The verify curve needs 65 rows."""
+    vocab = max(N_VOCAB, GEMMA_VOCAB if args.gemma else 0)
+    fits = lambda b: args.buffer_limit is None or b * vocab * 4 <= args.buffer_limit
+    need = max(WIDTHS) + 1
+    if args.batch is not None:
+        if args.batch < need:
+            ap.error(f"--batch {args.batch} is below {need}, the widest verify pass: pass at least {need}")
+        if not fits(args.batch):
+            ap.error(f"--batch {args.batch}: its logits ({args.batch} x {vocab} floats) exceed --buffer-limit "
+                     f"{args.buffer_limit} bytes: pass a smaller --batch")
+        return args.batch
+    batch = 512
+    while not fits(batch) and batch // 2 >= need:
+        batch //= 2
+    if not fits(batch):
+        ap.error(f"--buffer-limit {args.buffer_limit} bytes cannot hold {need} rows of {vocab} logits, "
+                 f"the widest verify pass: this device cannot run the check")
+    if batch != 512 and args.part is None:  # once, not again in each part's child
+        print(f"batch: {batch} (logits of 512 rows exceed the device's {args.buffer_limit}-byte buffers)",
+              file=sys.stderr, flush=True)
+    return batch
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="small widths and depths (the CPU rehearsal)")
@@ -554,6 +587,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="runs per setting, best counts (default 2; --small: 1)")
     ap.add_argument("--build-seconds", type=float, default=None, help="recorded in the JSON (gpu_check.sh)")
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="n_batch and n_ubatch of every context, ours and the C++ loop's (-b/-ub); default 512, "
+                         "or the widest power of two under --buffer-limit")
+    ap.add_argument("--buffer-limit", type=int, default=None,
+                    help="the device's largest storage buffer in bytes (Vulkan's maxStorageBufferRange; "
+                         "gpu_check.sh --vulkan reads it with vulkaninfo)")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"draft kinds to measure (default {','.join(KINDS)})")
     ap.add_argument("--trace", action="store_true",
                     help="per-round Python time by phase (wall and thread CPU), in the table and the JSON")
@@ -570,10 +609,12 @@ def main() -> int:
     args.lengths = args.lengths or ("4,16" if args.small else "4,8,16")
     args.repeat = args.repeat or (1 if args.small else 2)
     lengths = [int(x) for x in args.lengths.split(",")]
+    args.batch = batch_size(ap, args)
     work = Path(tempfile.mkdtemp(prefix="specgguf-gpucheck-")) if args.part is None else None
     result = {"backend": args.backend, "small": args.small, "shape": {k: list(v) if isinstance(v, tuple) else v
                                                                     for k, v in shape.items()},
               "n_vocab": N_VOCAB, "tokens": args.tokens, "threads": args.threads, "gpu_layers": args.gpu_layers,
+              "batch": args.batch,
               "library": native.library_path(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
               "timings_s": {"build": args.build_seconds}, "rows": []}
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]

@@ -68,6 +68,10 @@ except building.BuildError as e: sys.exit(f'error: {e}')" || exit 2
         fi
     fi
     DEVICE=$(vulkaninfo --summary 2>/dev/null | sed -n 's/.*deviceName *= *//p' | sed -n "$(( ${GGML_VK_VISIBLE_DEVICES:-0} + 1 ))p")
+    # the device's largest storage buffer: gpu_check.py cuts the batch so that a batch of logits
+    # fits it (lavapipe's 128 MiB holds 220 rows of Qwen3's vocabulary, not 512; passes crashed)
+    RANGE=$(vulkaninfo 2>/dev/null | sed -n 's/.*maxStorageBufferRange *= *//p' | sed -n "$(( ${GGML_VK_VISIBLE_DEVICES:-0} + 1 ))p")
+    [[ $RANGE =~ ^[0-9]+$ ]] && LIMIT=(--buffer-limit "$RANGE")
     export CMAKE_ARGS="-DGGML_VULKAN=on ${CMAKE_ARGS:-}"
     export SPECGGUF_CPP_TOOLS_DIR=${SPECGGUF_CPP_TOOLS_DIR:-$CACHE-vulkan}
     BACKEND="vulkan${DEVICE:+ $DEVICE}"
@@ -98,5 +102,5 @@ PYPATH=$REPO
 [[ -d $CARRY/py ]] && PYPATH=$REPO:$CARRY/py
 PYTHONPATH=$PYPATH${PYTHONPATH:+:$PYTHONPATH} LLAMA_CPP_LIB_PATH=$LIB SPECGGUF_CPP_TOOLS_DIR=${SPECGGUF_CPP_TOOLS_DIR:-$CACHE} \
     "$PY" "$REPO/scripts/gpu_check.py" --backend "$BACKEND" --gpu-layers "$GPU_LAYERS" --build-seconds "$BUILT" \
-    ${PASS[@]+"${PASS[@]}"}
+    ${LIMIT[@]+"${LIMIT[@]}"} ${PASS[@]+"${PASS[@]}"}
 echo "total: $(( SECONDS - start )) s" >&2

@@ -28,7 +28,7 @@ def test_gpu_check_cpu_small_writes_the_table_json(tmp_path):
                            "--trace", "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["small"] and r["backend"] == "cpu" and r["n_vocab"] == 151936
+    assert r["small"] and r["backend"] == "cpu" and r["n_vocab"] == 151936 and r["batch"] == 512
     assert os.path.dirname(os.path.realpath(r["library"])) == os.path.realpath(cpp_baseline.lib_dir())
     assert r["plain_tokens_per_second"] > 0
     assert [int(w) for w in r["verify_ms"]] == [1, 2, 4, 8, 16, 32, 64]
@@ -66,12 +66,27 @@ def test_a_part_that_dies_inside_llama_cpp_is_a_note_and_the_table_still_prints(
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ, SPECGGUF_GPU_CHECK_CRASH="ngram", TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--no-cpp",
-                           "--kinds", "ngram,suffix", "--gpu-layers", "0", "--threads", "2", "--out", str(out)],
+                           "--kinds", "ngram,suffix", "--gpu-layers", "0", "--threads", "2", "--out", str(out),
+                           "--buffer-limit", str(128 << 20)],  # lavapipe's maxStorageBufferRange
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["plain_tokens_per_second"] > 0 and r["failed_parts"] == ["ngram"]
+    assert r["batch"] == 128 and "batch: 128" in proc.stderr  # 512 rows of logits would not fit 128 MiB
     assert [(row["kind"], row["draft_max"]) for row in r["rows"]] == [("ngram", 4), ("suffix", 4), ("suffix", 16)]
     assert len(r["notes"]) == 2 and all("SIGSEGV" in n for n in r["notes"]), r["notes"]
     assert "specgguf ngram: run 2 died (SIGSEGV" in proc.stdout and "suffix" in proc.stdout
     assert not list(tmp_path.glob("specgguf-gpucheck-*")), "the models were left behind"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--batch", "64"], "--batch 64 is below 65, the widest verify pass"),
+    (["--batch", "512", "--buffer-limit", str(128 << 20)], "--batch 512: its logits (512 x 151936 floats) exceed"),
+    (["--buffer-limit", "1000000"], "cannot hold 65 rows of 151936 logits"),
+])
+def test_a_batch_that_cannot_work_is_one_line_before_any_model_is_written(args, says, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--no-cpp", *args,
+                           "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir()), "nothing is written for a refused check"
