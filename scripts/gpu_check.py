@@ -556,7 +556,10 @@ def batch_size(ap, args) -> int:
     a 512-row buffer at Qwen3's vocabulary is 297 MiB) later passes crashed inside Mesa, so the
     batch is cut to fit (docs/machines.md). The verify curve needs 65 rows."""
     vocab = max(N_VOCAB, GEMMA_VOCAB if args.gemma else 0)
-    fits = lambda b: args.buffer_limit is None or b * vocab * 4 <= args.buffer_limit
+
+    def fits(batch: int) -> bool:
+        return args.buffer_limit is None or batch * vocab * 4 <= args.buffer_limit
+
     need = max(WIDTHS) + 1
     if args.batch is not None:
         if args.batch < need:

@@ -41,18 +41,6 @@ def hybrid(tmp_path_factory):
     return get
 
 
-def _model_params():
-    """llama.cpp's model defaults as specgguf loads them: without the build's AMX buffers on a
-    CPU where its AMX kernels crash (runtime/amx.py; the stock wheel built by a GCC before
-    13.2.1 on an AMX Xeon), or a quantised fixture's first pass dies there."""
-    from specgguf.runtime import native
-
-    mp = llama_cpp.llama_model_default_params()
-    if native.amx_verdict().fallback:
-        mp.use_extra_bufts = False
-    return mp
-
-
 def _llama(path):
     return llama_cpp.Llama(str(path), n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
 
@@ -102,7 +90,7 @@ def test_counting_variant_mostly_counts(hybrid, arch, quant):
 @pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
 def test_rollback_snapshots_are_kept(hybrid, arch):
     """llama.cpp clamps n_rs_seq to 0 for archs without partial rollback: both hybrids keep it."""
-    mp = _model_params()
+    mp = llama_cpp.llama_model_default_params()  # AMX-guarded by conftest, as specgguf loads
     model = llama_cpp.llama_model_load_from_file(str(hybrid(arch, None)).encode(), mp)
     assert model
     cp = llama_cpp.llama_context_default_params()
@@ -150,7 +138,7 @@ def test_qwen35_mtp_block_loads_and_drafts_the_successor(hybrid, quant):
     finally:
         llm.close()
 
-    mp = _model_params()
+    mp = llama_cpp.llama_model_default_params()  # AMX-guarded by conftest, as specgguf loads
     mp.load_mtp = True
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
     assert model

@@ -78,6 +78,10 @@ def guard_llama_cpp_python() -> None:
 
     guarded._specgguf_guard = True
     C.llama_model_default_params = guarded
+    import llama_cpp  # the package re-exports the name: code calling llama_cpp.llama_model_default_params
+
+    if getattr(llama_cpp, "llama_model_default_params", None) is plain:
+        llama_cpp.llama_model_default_params = guarded
 
 
 def library_path() -> str:
